@@ -1,0 +1,151 @@
+"""The client half every method shares: local data, the round's context, the reply.
+
+A method's client half subclasses :class:`ClientHalf` and implements ``train``;
+it may override ``reply_arrays`` (e.g. to send sparse payloads) and use
+``self.state`` (the node's ``context.state``) for what must persist across rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import nn
+
+from tasks.augment import StrongAugment, WeakAugment
+from tasks.models import build_model
+from tasks.partition import get_split
+from tasks.train import derive_seed, make_sgd, resolve_device, seed_torch, to_float
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's data on the training device.
+
+    ``x`` is the unlabeled part; ``true_y`` holds its hidden labels, used only to
+    measure pseudo-label quality (and by the supervised upper bounds, which are
+    given the labels by definition). ``labeled_x``/``labeled_y`` is the client's
+    labeled part in the labels-at-client scenario (empty otherwise).
+    """
+
+    partition_id: int
+    x: torch.Tensor
+    true_y: torch.Tensor
+    labeled_x: torch.Tensor
+    labeled_y: torch.Tensor
+    num_classes: int
+    image_size: int
+    channels: int
+    flip: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@functools.lru_cache(maxsize=8)
+def parse_config(text: str) -> dict[str, Any]:
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _client_data(config_text: str, partition_id: int, device: str) -> ClientData:
+    cfg = parse_config(config_text)
+    ds, split = get_split(cfg)
+    if not 0 <= partition_id < len(split.clients):
+        raise ValueError(
+            f"partition-id {partition_id} outside the split's {len(split.clients)} clients"
+        )
+    idx = split.clients[partition_id]
+    labeled = split.client_labeled[partition_id]
+    unlabeled = idx[~torch.isin(torch.from_numpy(idx), torch.from_numpy(labeled)).numpy()]
+    dev = torch.device(device)
+    return ClientData(
+        partition_id=partition_id,
+        x=to_float(ds.train_x[unlabeled], dev),
+        true_y=ds.train_y[unlabeled].to(dev),
+        labeled_x=to_float(ds.train_x[labeled], dev),
+        labeled_y=ds.train_y[labeled].to(dev),
+        num_classes=ds.num_classes,
+        image_size=ds.image_size,
+        channels=ds.channels,
+        flip=ds.flip,
+        mean=ds.mean,
+        std=ds.std,
+    )
+
+
+def client_data(config_text: str, partition_id: int, device: torch.device) -> ClientData:
+    """The partition's data, loaded and split once per process (cache keyed by config)."""
+    cfg = parse_config(config_text)
+    key = json.dumps({k: cfg[k] for k in ("dataset", "split", "seed")}, sort_keys=True)
+    return _client_data(key, partition_id, str(device))
+
+
+@functools.lru_cache(maxsize=8)
+def augmenters(image_size: int, flip: bool, channels: int, n: int, m: float, device: str):
+    """Weak and strong augmentation modules on the device, built once per process."""
+    weak = WeakAugment(image_size, flip).to(device)
+    strong = StrongAugment(image_size, flip, channels, n, m).to(device)
+    return weak, strong
+
+
+class ClientHalf(ABC):
+    """Local training of one client in one round."""
+
+    def __init__(self, content: RecordDict, state: RecordDict, partition_id: int):
+        self.content = content
+        self.config: ConfigRecord = content["config"]
+        self.cfg = parse_config(str(self.config["ssfl-config"]))
+        self.algo: dict[str, Any] = self.cfg["algo"]
+        self.round = int(self.config["round"])
+        self.lr = float(self.config["lr"])
+        self.state = state
+        self.device = resolve_device(self.cfg["device"])
+        self.data = client_data(str(self.config["ssfl-config"]), partition_id, self.device)
+        self.generator = seed_torch(derive_seed(self.cfg["seed"], "client", partition_id, self.round))
+        self.model = self.build_model()
+        self.model.load_state_dict(content["arrays"].to_torch_state_dict())
+
+    def build_model(self) -> nn.Module:
+        d = self.data
+        mcfg = self.cfg["model"]
+        return build_model(
+            mcfg["name"], d.channels, d.num_classes, d.image_size, mcfg["norm"], d.mean, d.std
+        ).to(self.device)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        ccfg = self.cfg["client"]
+        return make_sgd(self.model, self.lr, ccfg["momentum"], ccfg["weight_decay"])
+
+    def augmenters(self) -> tuple[nn.Module, nn.Module]:
+        d = self.data
+        return augmenters(
+            d.image_size, d.flip, d.channels, int(self.algo.get("randaugment_n", 2)),
+            float(self.algo.get("randaugment_m", 10.0)), str(self.device),
+        )
+
+    def num_examples(self) -> int:
+        return int(len(self.data.x) + len(self.data.labeled_x))
+
+    @abstractmethod
+    def train(self) -> dict[str, float]:
+        """Run local training on ``self.model``; return the round's metrics."""
+
+    def reply_arrays(self) -> dict[str, ArrayRecord]:
+        return {"arrays": ArrayRecord(self.model.state_dict())}
+
+    def reply(self) -> RecordDict:
+        metrics = self.train()
+        content = RecordDict(self.reply_arrays())
+        content["metrics"] = MetricRecord(
+            {
+                **{k: float(v) for k, v in metrics.items()},
+                "partition-id": self.data.partition_id,
+                "num-examples": self.num_examples(),
+            }
+        )
+        return content

@@ -1,0 +1,85 @@
+"""The local loop FixMatch and UDA share: weak/strong views of unlabeled batches.
+
+Per step: a batch of unlabeled images, its weak and strong views in one forward
+pass, the method's unlabeled loss; plus cross-entropy on a labeled batch when the
+client has labels (labels-at-client) and the FedProx term when proximal_mu > 0.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+import torch.nn.functional as F
+
+from client_app.base import ClientHalf
+from tasks.losses import proximal_term
+from tasks.train import minibatches
+
+
+class PseudoLabelStats:
+    """Counts for mask rate and pseudo-label accuracy against the hidden labels."""
+
+    def __init__(self) -> None:
+        self.seen = self.kept = self.kept_correct = self.correct = 0
+
+    def update(self, logits_weak: torch.Tensor, mask: torch.Tensor, true_y: torch.Tensor) -> None:
+        right = logits_weak.detach().argmax(dim=1) == true_y
+        kept = mask.bool()
+        self.seen += int(mask.numel())
+        self.kept += int(kept.sum())
+        self.kept_correct += int((right & kept).sum())
+        self.correct += int(right.sum())
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "mask_rate": self.kept / max(self.seen, 1),
+            "pseudo_label_accuracy": self.kept_correct / max(self.kept, 1),
+            "pseudo_label_accuracy_all": self.correct / max(self.seen, 1),
+        }
+
+
+class ConsistencyClient(ClientHalf):
+    """Local epochs over the unlabeled data with a weak/strong consistency loss."""
+
+    @abstractmethod
+    def unlabeled_loss(
+        self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, per-sample mask) of the method."""
+
+    def labeled_loss(self, step: int, weak) -> torch.Tensor:
+        """Cross-entropy on one labeled batch (labels-at-client), cycling through the set."""
+        d = self.data
+        n = len(d.labeled_x)
+        bs = min(self.cfg["client"]["batch_size"], n)
+        idx = torch.arange(step * bs, step * bs + bs, device=d.labeled_x.device) % n
+        return F.cross_entropy(self.model(weak(d.labeled_x[idx])), d.labeled_y[idx])
+
+    def train(self) -> dict[str, float]:
+        d, ccfg = self.data, self.cfg["client"]
+        weak, strong = self.augmenters()
+        opt = self.optimizer()
+        mu = ccfg["proximal_mu"]
+        anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
+        stats, total, steps = PseudoLabelStats(), 0.0, 0
+        self.model.train()
+        for _ in range(ccfg["epochs"]):
+            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator):
+                idx = idx.to(d.x.device)
+                xb = d.x[idx]
+                logits = self.model(torch.cat([weak(xb), strong(xb)]))
+                logits_weak, logits_strong = logits.chunk(2)
+                loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)
+                loss = self.algo["lambda_u"] * loss_u
+                if len(d.labeled_x):
+                    loss = loss + self.labeled_loss(steps, weak)
+                if mu > 0:
+                    loss = loss + proximal_term(self.model, anchor, mu)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                stats.update(logits_weak, mask, d.true_y[idx])
+                total += float(loss.detach())
+                steps += 1
+        return {"train_loss": total / max(steps, 1), **stats.metrics()}

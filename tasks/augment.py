@@ -1,0 +1,84 @@
+"""Batched augmentation on the training device, random per sample (kornia ops).
+
+Weak: random horizontal flip (not for digits) and a random shift by pad-and-crop.
+Strong: weak, then RandAugment (n ops per sample, each op and its magnitude drawn
+per sample, magnitude up to m/10 of its range, as in FixMatch's RandAugment),
+then Cutout. kornia's own ``auto.RandAugment`` draws one sub-policy per batch, so
+the op choice per sample is done here; the image ops themselves are kornia's.
+"""
+
+from __future__ import annotations
+
+import torch
+from kornia import augmentation as K
+from torch import nn
+
+
+class WeakAugment(nn.Module):
+    """Flip (optional) and shift by up to 12.5% of the side, per sample."""
+
+    def __init__(self, image_size: int, flip: bool):
+        super().__init__()
+        pad = max(1, round(image_size * 0.125))
+        ops: list[nn.Module] = [K.RandomHorizontalFlip(p=0.5)] if flip else []
+        ops.append(K.RandomCrop((image_size, image_size), padding=pad, padding_mode="reflect"))
+        self.ops = nn.Sequential(*ops)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops(x)
+
+
+def randaugment_ops(magnitude: float, channels: int) -> list[nn.Module]:
+    """The RandAugment op list with ranges scaled by magnitude in [0, 1]."""
+    m = magnitude
+    ops: list[nn.Module] = [
+        nn.Identity(),
+        K.RandomAutoContrast(p=1.0),
+        K.RandomEqualize(p=1.0),
+        K.RandomRotation(degrees=30.0 * m, p=1.0),
+        K.RandomSolarize(thresholds=(0.5 * m), additions=0.0, p=1.0),
+        K.RandomPosterize(bits=(max(1.0, 8.0 - 4.0 * m), 8.0), p=1.0),
+        K.RandomContrast(contrast=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0),
+        K.RandomBrightness(brightness=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0),
+        K.RandomSharpness(sharpness=(0.0, 0.9 * m), p=1.0),
+        K.RandomAffine(degrees=0.0, shear=(-17.0 * m, 17.0 * m, 0.0, 0.0), p=1.0),
+        K.RandomAffine(degrees=0.0, shear=(0.0, 0.0, -17.0 * m, 17.0 * m), p=1.0),
+        K.RandomAffine(degrees=0.0, translate=(0.3 * m, 0.0), p=1.0),
+        K.RandomAffine(degrees=0.0, translate=(0.0, 0.3 * m), p=1.0),
+    ]
+    if channels == 3:
+        ops.append(K.RandomSaturation(saturation=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0))
+    return ops
+
+
+class RandAugment(nn.Module):
+    """n random ops per sample, chosen independently for every sample."""
+
+    def __init__(self, n: int = 2, m: float = 10.0, channels: int = 1):
+        super().__init__()
+        self.n = n
+        self.ops = nn.ModuleList(randaugment_ops(m / 10.0, channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.n):
+            choice = torch.randint(len(self.ops), (x.shape[0],), device=x.device)
+            out = x.clone()
+            for i, op in enumerate(self.ops):
+                sel = torch.nonzero(choice == i).squeeze(1)
+                if sel.numel():
+                    out[sel] = op(x[sel]).clamp(0.0, 1.0)
+            x = out
+        return x
+
+
+class StrongAugment(nn.Module):
+    """Weak augmentation, RandAugment(n, m) and Cutout (FixMatch's strong view)."""
+
+    def __init__(self, image_size: int, flip: bool, channels: int, n: int = 2, m: float = 10.0):
+        super().__init__()
+        self.weak = WeakAugment(image_size, flip)
+        self.randaugment = RandAugment(n, m, channels)
+        self.cutout = K.RandomErasing(scale=(0.02, 0.15), ratio=(0.5, 2.0), value=0.5, p=1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cutout(self.randaugment(self.weak(x)))

@@ -1,0 +1,273 @@
+"""Experiment configuration: defaults, YAML loading, overrides and validation.
+
+An experiment is a nested mapping. Every key has a default below (or in the
+method's own ``algo`` defaults); the type of the default is the type a value
+must have. Unknown keys and values of the wrong type raise :class:`ConfigError`
+with one line naming the key and what is allowed, before any training starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad experiment: unknown key, wrong type or a value outside the allowed set."""
+
+
+DEFAULTS: dict[str, Any] = {
+    "method": "server_sl",
+    "name": "",
+    "seed": 0,
+    "rounds": 50,
+    "device": "auto",
+    "dataset": {
+        "name": "fashion_mnist",
+        # Folder holding the dataset files; "" = $SSFL_DATA_DIR, else ./data.
+        "root": "",
+        "download": True,
+        # Size of each generated split of the synthetic dataset.
+        "synthetic_train_size": 4000,
+        "synthetic_test_size": 1000,
+    },
+    "split": {
+        "scenario": "labels_at_server",
+        "labeled_per_class": 50,
+        "val_size": 200,
+        "test_size": 3000,
+        "num_clients": 10,
+        "client_size": 1200,
+        "partitioner": "iid",
+        "dirichlet_alpha": 0.5,
+        "target_r": 0.4,
+        "client_labeled_per_class": 0,
+    },
+    "model": {"name": "small_cnn", "norm": "bn"},
+    "server": {
+        "bootstrap_epochs": 0,
+        "epochs": 0,
+        "lr": 0.01,
+        "lr_decay": 1.0,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+        "batch_size": 32,
+    },
+    "client": {
+        "epochs": 1,
+        "lr": 0.01,
+        "lr_decay": 1.0,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+        "batch_size": 32,
+        "proximal_mu": 0.0,
+    },
+    "federation": {"clients_per_round": 0, "min_clients": 1, "timeout_s": 3600.0},
+    "simulation": {"num_cpus": 1, "num_gpus": 0.0},
+    "eval": {"batch_size": 500},
+    "algo": {},
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "device": ("auto", "cpu", "cuda"),
+    "split.scenario": ("labels_at_server", "labels_at_client"),
+    "split.partitioner": ("iid", "dirichlet", "random_classes", "fedmatch_imbalanced", "noniid_r"),
+    "model.norm": ("none", "bn", "gn"),
+}
+
+
+def _registered_choices() -> dict[str, tuple[str, ...]]:
+    """Allowed names that live in registries (methods, datasets, models)."""
+    from strategies import METHODS
+    from tasks.data import DATASETS
+    from tasks.models import MODELS
+
+    return {
+        "method": tuple(sorted(METHODS)),
+        "dataset.name": tuple(sorted(DATASETS)),
+        "model.name": tuple(sorted(MODELS)),
+    }
+
+
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``base`` with ``update`` merged in recursively."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_scalar(text: str) -> Any:
+    """Parse an override value the way YAML reads a scalar ('0.1' -> 0.1, 'true' -> True)."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(items: list[str] | str) -> dict[str, Any]:
+    """Turn ["a.b=1", ...] or "a.b=1;c=x" into a nested mapping."""
+    if isinstance(items, str):
+        items = [part for part in items.split(";") if part.strip()]
+    nested: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        key, value = item.split("=", 1)
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}' conflicts with another override")
+        node[parts[-1]] = parse_scalar(value)
+    return nested
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read an experiment file; a missing or malformed file is a ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an experiment must be a mapping of keys to values")
+    return data
+
+
+def _check_type(key: str, value: Any, default: Any) -> Any:
+    """Return ``value`` coerced to the type of ``default`` or raise ConfigError."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if isinstance(value, str):
+            return value
+    elif isinstance(default, list):
+        if isinstance(value, list):
+            return value
+    kind = type(default).__name__
+    raise ConfigError(f"config key '{key}': expected {kind}, got {value!r}")
+
+
+def _validate(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Check every key of ``node`` against ``schema`` (defaults) and fill the rest."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        full = f"{prefix}{key}"
+        if key not in schema:
+            allowed = ", ".join(sorted(schema)) or "(none)"
+            raise ConfigError(f"unknown config key '{full}' (allowed under '{prefix or '.'}': {allowed})")
+        default = schema[key]
+        if isinstance(default, dict):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"config key '{full}': expected a mapping, got {value!r}")
+            out[key] = _validate(value, default, f"{full}.")
+        else:
+            out[key] = _check_type(full, value, default)
+    for key, default in schema.items():
+        if key not in out:
+            out[key] = copy.deepcopy(default)
+    return out
+
+
+def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a raw experiment mapping and return the full config with defaults."""
+    from strategies import METHODS
+
+    method = raw.get("method", DEFAULTS["method"])
+    if method not in METHODS:
+        allowed = ", ".join(sorted(METHODS))
+        raise ConfigError(f"config key 'method': unknown method {method!r} (allowed: {allowed})")
+    schema = deep_merge(DEFAULTS, METHODS[method].defaults())
+    cfg = _validate(raw, schema, "")
+    for key, allowed in {**CHOICES, **_registered_choices()}.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(
+                f"config key '{key}': {value!r} is not one of {', '.join(allowed)}"
+            )
+    _check_ranges(cfg)
+    return cfg
+
+
+def _check_ranges(cfg: Mapping[str, Any]) -> None:
+    """Values that have the right type but make no sense."""
+    positive = [
+        "rounds", "split.num_clients", "split.client_size", "server.batch_size",
+        "client.batch_size", "eval.batch_size", "simulation.num_cpus",
+    ]
+    for key in positive:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"config key '{key}': must be >= 1, got {_get(cfg, key)}")
+    non_negative = [
+        "server.epochs", "server.bootstrap_epochs", "client.epochs", "split.val_size",
+        "split.labeled_per_class", "split.client_labeled_per_class", "client.proximal_mu",
+        "federation.clients_per_round", "simulation.num_gpus",
+    ]
+    for key in non_negative:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"config key '{key}': must be >= 0, got {_get(cfg, key)}")
+    if not 0.0 <= cfg["split"]["target_r"] <= 1.0:
+        raise ConfigError(f"config key 'split.target_r': must be in [0, 1], got {cfg['split']['target_r']}")
+    if cfg["split"]["dirichlet_alpha"] <= 0:
+        raise ConfigError("config key 'split.dirichlet_alpha': must be > 0")
+
+
+def load_experiment(
+    path: str | Path, overrides: list[str] | str | None = None
+) -> dict[str, Any]:
+    """Read an experiment YAML, apply ``key=value`` overrides and validate it."""
+    raw = read_yaml(path)
+    if overrides:
+        raw = deep_merge(raw, parse_overrides(overrides))
+    return resolve(raw)
+
+
+def data_root(cfg: Mapping[str, Any]) -> Path:
+    """The dataset folder: dataset.root, else $SSFL_DATA_DIR, else ./data (absolute)."""
+    root = cfg["dataset"]["root"] or os.environ.get("SSFL_DATA_DIR", "") or "data"
+    return Path(root).expanduser().resolve()
+
+
+def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> {"a.b": value} (used for tables and overrides)."""
+    flat: dict[str, Any] = {}
+    for key, value in cfg.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def from_run_config(run_config: Mapping[str, Any], app_dir: Path) -> dict[str, Any]:
+    """The experiment of a Flower run: ``experiment`` (relative to the app) plus ``overrides``."""
+    path = Path(str(run_config.get("experiment", "")))
+    if not path.is_absolute():
+        path = app_dir / path
+    return load_experiment(path, str(run_config.get("overrides", "")))

@@ -1,0 +1,210 @@
+"""Deterministic splits: server labeled set, validation, test, and client partitions.
+
+All index arrays point into the dataset's train arrays (test indices into the
+test arrays). A split is a pure function of (dataset, split config, seed) and is
+cached per process by :func:`get_split`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tasks.config import ConfigError
+from tasks.data import Dataset, dataset_request, load_dataset
+
+# FedMatch's class-imbalanced distribution (reference code): client type j puts
+# 50% of its data on class j, 15% on each neighbour, and the rest spread thin.
+FEDMATCH_BASE_RATIOS = (0.50, 0.15, 0.03, 0.03, 0.03, 0.02, 0.03, 0.03, 0.03, 0.15)
+
+
+@dataclass
+class Split:
+    """Index sets of one experiment and a JSON-ready summary of them."""
+
+    server_labeled: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    clients: list[np.ndarray]
+    client_labeled: list[np.ndarray]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def noniid_r(histograms: np.ndarray) -> float:
+    """Non-IID level R (SSFL benchmark, eq. 1): mean pairwise total-variation distance."""
+    hist = np.asarray(histograms, dtype=np.float64)
+    k = hist.shape[0]
+    if k < 2:
+        return 0.0
+    probs = hist / np.maximum(hist.sum(axis=1, keepdims=True), 1.0)
+    dist = np.abs(probs[:, None, :] - probs[None, :, :]).sum(axis=2) / 2.0
+    return float(dist[np.triu_indices(k, 1)].mean())
+
+
+def round_counts(weights: np.ndarray, total: int) -> np.ndarray:
+    """Integer counts proportional to ``weights`` that sum to ``total`` (largest remainder)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    exact = weights / weights.sum() * total
+    counts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - counts), kind="stable")
+    counts[order[: total - counts.sum()]] += 1
+    return counts
+
+
+class ClassPool:
+    """Per-class shuffled index lists to draw from without replacement."""
+
+    def __init__(self, indices: np.ndarray, labels: np.ndarray, num_classes: int, rng):
+        self.by_class = [rng.permutation(indices[labels[indices] == c]) for c in range(num_classes)]
+        self.used = [0] * num_classes
+
+    def available(self) -> np.ndarray:
+        return np.array([len(ix) - u for ix, u in zip(self.by_class, self.used)])
+
+    def take(self, counts: np.ndarray, what: str) -> np.ndarray:
+        """Draw ``counts[c]`` unused indices of every class c."""
+        short = np.nonzero(np.asarray(counts) > self.available())[0]
+        if short.size:
+            c = int(short[0])
+            raise ConfigError(
+                f"split: {what} needs {int(counts[c])} samples of class {c}, "
+                f"only {int(self.available()[c])} left; lower split sizes or change the split"
+            )
+        parts = []
+        for c, n in enumerate(counts):
+            parts.append(self.by_class[c][self.used[c] : self.used[c] + int(n)])
+            self.used[c] += int(n)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def remaining(self) -> np.ndarray:
+        return np.concatenate([ix[u:] for ix, u in zip(self.by_class, self.used)])
+
+
+def _balanced(total: int, num_classes: int) -> np.ndarray:
+    return round_counts(np.ones(num_classes), total)
+
+
+def partition_class_counts(
+    partitioner: str, num_clients: int, client_size: int, num_classes: int, scfg, rng
+) -> np.ndarray:
+    """Class counts (num_clients x num_classes) each client draws, for the count-based partitioners."""
+    rows = []
+    for k in range(num_clients):
+        if partitioner == "iid":
+            weights = np.ones(num_classes)
+        elif partitioner == "random_classes":
+            # FedSEAL 5.1 non-IID: "the class distribution is randomly generated";
+            # we draw it uniformly from the simplex, i.e. Dirichlet(1, ..., 1).
+            weights = rng.dirichlet(np.ones(num_classes))
+        elif partitioner == "fedmatch_imbalanced":
+            base = np.asarray(FEDMATCH_BASE_RATIOS[:num_classes])
+            weights = np.roll(base, k % 10)
+        elif partitioner == "noniid_r":
+            # SSFL benchmark, App. A.2: R of the client from its main class, 1 - R spread by Q.
+            target = scfg["target_r"]
+            weights = (1.0 - target) * np.full(num_classes, 1.0 / num_classes)
+            weights[k % num_classes] += target
+        else:
+            raise ConfigError(f"config key 'split.partitioner': unknown {partitioner!r}")
+        rows.append(round_counts(weights, client_size))
+    return np.stack(rows)
+
+
+def _dirichlet_partitions(
+    pool: ClassPool, labels: np.ndarray, scfg, num_classes: int, seed: int
+) -> list[np.ndarray]:
+    """Dirichlet(alpha) label skew with flwr-datasets over num_clients * client_size pool samples."""
+    import datasets as hf
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    total = scfg["num_clients"] * scfg["client_size"]
+    chosen = pool.take(_balanced(total, num_classes), "the dirichlet pool")
+    table = hf.Dataset.from_dict({"idx": chosen.tolist(), "label": labels[chosen].tolist()})
+    part = DirichletPartitioner(
+        num_partitions=scfg["num_clients"],
+        partition_by="label",
+        alpha=scfg["dirichlet_alpha"],
+        min_partition_size=1,
+        self_balancing=False,
+        shuffle=True,
+        seed=seed,
+    )
+    part.dataset = table
+    return [np.asarray(part.load_partition(k)["idx"], dtype=np.int64) for k in range(scfg["num_clients"])]
+
+
+def histogram(labels: np.ndarray, idx: np.ndarray, num_classes: int) -> list[int]:
+    return np.bincount(labels[idx], minlength=num_classes).astype(int).tolist()
+
+
+def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
+    """Build the split of FedSEAL 5.1 / FedMatch / SSFL App. A.2, deterministic from the seed."""
+    rng = np.random.default_rng(seed)
+    labels = ds.train_y.numpy()
+    k = ds.num_classes
+    pool = ClassPool(np.arange(len(labels)), labels, k, rng)
+    server = pool.take(np.full(k, scfg["labeled_per_class"]), "the server labeled set")
+    val = pool.take(_balanced(scfg["val_size"], k), "the validation set")
+    if scfg["partitioner"] == "dirichlet":
+        clients = _dirichlet_partitions(pool, labels, scfg, k, seed)
+    else:
+        counts = partition_class_counts(
+            scfg["partitioner"], scfg["num_clients"], scfg["client_size"], k, scfg, rng
+        )
+        clients = [pool.take(row, f"client {i}") for i, row in enumerate(counts)]
+    clients = [rng.permutation(c) for c in clients]
+    client_labeled = [_client_labeled(c, labels, k, scfg["client_labeled_per_class"]) for c in clients]
+    test = _test_indices(ds, scfg["test_size"], rng)
+    hists = np.array([histogram(labels, c, k) for c in clients])
+    summary = {
+        "server_labeled": int(len(server)),
+        "val": int(len(val)),
+        "test": int(len(test)),
+        "num_clients": len(clients),
+        "client_sizes": [int(len(c)) for c in clients],
+        "client_labeled_sizes": [int(len(c)) for c in client_labeled],
+        "server_histogram": histogram(labels, server, k),
+        "client_histograms": hists.tolist(),
+        "noniid_r": round(noniid_r(hists), 6),
+        "partitioner": scfg["partitioner"],
+    }
+    return Split(server, val, test, clients, client_labeled, summary)
+
+
+def _client_labeled(client: np.ndarray, labels: np.ndarray, k: int, per_class: int) -> np.ndarray:
+    """Labels-at-client: the first ``per_class`` samples of each class in the client's order."""
+    if per_class == 0:
+        return np.zeros(0, dtype=np.int64)
+    picked = [client[labels[client] == c][:per_class] for c in range(k)]
+    return np.concatenate(picked)
+
+
+def _test_indices(ds: Dataset, size: int, rng) -> np.ndarray:
+    """A class-balanced random subset of the test set (all of it when size is 0)."""
+    n = len(ds.test_y)
+    if size == 0 or size == n:
+        return np.arange(n)
+    if size > n:
+        raise ConfigError(f"config key 'split.test_size': {size} > {n} test images")
+    labels = ds.test_y.numpy()
+    pool = ClassPool(np.arange(n), labels, ds.num_classes, rng)
+    return np.sort(pool.take(_balanced(size, ds.num_classes), "the test set"))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_split(key: str) -> tuple[Dataset, Split]:
+    cfg = json.loads(key)
+    ds = load_dataset(dataset_request(cfg))
+    return ds, make_split(ds, cfg["split"], cfg["seed"])
+
+
+def get_split(cfg: Mapping[str, Any]) -> tuple[Dataset, Split]:
+    """Dataset and split of an experiment, computed once per process."""
+    key = json.dumps({"dataset": cfg["dataset"], "split": cfg["split"], "seed": cfg["seed"]},
+                     sort_keys=True)
+    return _cached_split(key)

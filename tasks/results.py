@@ -1,0 +1,123 @@
+"""Run results: metrics.jsonl (one row per round), results.json, accuracy.png, tables."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+log = logging.getLogger("flwr.ssfl")
+
+
+class Recorder:
+    """Collects one row per round and writes the run's files into ``out_dir``."""
+
+    def __init__(self, out_dir: Path, cfg: Mapping[str, Any], split_summary: Mapping[str, Any]):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg
+        self.split = dict(split_summary)
+        self.rows: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.jsonl = self.out_dir / "metrics.jsonl"
+        self.jsonl.write_text("")
+
+    def add_round(self, row: Mapping[str, Any]) -> None:
+        """Append a round's row to metrics.jsonl and log one progress line."""
+        row = dict(row)
+        self.rows.append(row)
+        with self.jsonl.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        log.info(
+            "round %d/%d  test_accuracy %.4f  test_loss %.4f  %.1fs",
+            row["round"], self.cfg["rounds"], row["test_accuracy"], row["test_loss"], row["seconds"],
+        )
+
+    def results(self) -> dict[str, Any]:
+        accs = [r["test_accuracy"] for r in self.rows]
+        return {
+            "method": self.cfg["method"],
+            "name": self.cfg["name"],
+            "dataset": self.cfg["dataset"]["name"],
+            "scenario": self.cfg["split"]["scenario"],
+            "model": self.cfg["model"]["name"],
+            "seed": self.cfg["seed"],
+            "config": self.cfg,
+            "split": self.split,
+            "rounds": self.rows,
+            "final_test_accuracy": accs[-1] if accs else None,
+            "best_test_accuracy": max(accs) if accs else None,
+            "wall_seconds": time.time() - self.started,
+            "host": {"python": platform.python_version(), "machine": platform.machine()},
+        }
+
+    def finish(self) -> dict[str, Any]:
+        """Write results.json and accuracy.png; return the results."""
+        results = self.results()
+        (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
+        plot_curves([results], self.out_dir / "accuracy.png")
+        return results
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """results.json of a run directory (or the file itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no results.json at {path}")
+    return json.loads(path.read_text())
+
+
+def run_label(results: Mapping[str, Any]) -> str:
+    return results.get("name") or results["method"]
+
+
+def plot_curves(runs: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> None:
+    """Test accuracy per round of one or more runs in one figure."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for res in runs:
+        rounds = [r["round"] for r in res["rounds"]]
+        accs = [r["test_accuracy"] for r in res["rounds"]]
+        ax.plot(rounds, accs, label=run_label(res))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    if runs:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def accuracy_at(results: Mapping[str, Any], rnd: int) -> float | None:
+    """Test accuracy after round ``rnd`` (None when the run is shorter)."""
+    return next((r["test_accuracy"] for r in results["rounds"] if r["round"] == rnd), None)
+
+
+def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """One row per run: method, data, rounds, final and best accuracy, time, traffic."""
+    head = ("| run | method | dataset | partitioner | R | rounds | final acc | best acc "
+            "| wall s | MB c2s / round |")
+    lines = [head, "|" + "---|" * 10]
+    for res in runs:
+        rows = res["rounds"]
+        mb = sum(r["bytes_c2s"] for r in rows) / max(len(rows), 1) / 1e6
+        lines.append(
+            f"| {run_label(res)} | {res['method']} | {res['dataset']} | "
+            f"{res['split'].get('partitioner', '')} | {res['split'].get('noniid_r', 0):.3f} | "
+            f"{len(rows)} | {res['final_test_accuracy']:.4f} | {res['best_test_accuracy']:.4f} | "
+            f"{res['wall_seconds']:.0f} | {mb:.2f} |"
+        )
+    return "\n".join(lines)
