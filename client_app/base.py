@@ -86,10 +86,12 @@ def client_data(config_text: str, partition_id: int, device: torch.device) -> Cl
 
 
 @functools.lru_cache(maxsize=8)
-def augmenters(image_size: int, flip: bool, channels: int, n: int, m: float, device: str):
+def augmenters(
+    image_size: int, flip: bool, channels: int, n: int, m: float, shift: float, device: str
+):
     """Weak and strong augmentation modules on the device, built once per process."""
-    weak = WeakAugment(image_size, flip).to(device)
-    strong = StrongAugment(image_size, flip, channels, n, m).to(device)
+    weak = WeakAugment(image_size, flip, shift).to(device)
+    strong = StrongAugment(image_size, flip, channels, n, m, shift).to(device)
     return weak, strong
 
 
@@ -106,9 +108,10 @@ class ClientHalf(ABC):
         self.state = state
         self.device = resolve_device(self.cfg["device"])
         self.data = client_data(str(self.config["ssfl-config"]), partition_id, self.device)
-        self.generator = seed_torch(derive_seed(self.cfg["seed"], "client", partition_id, self.round))
         self.model = self.build_model()
         self.model.load_state_dict(content["arrays"].to_torch_state_dict())
+        # Seeded after the model is built, so the training stream depends on the seed alone.
+        self.generator = seed_torch(derive_seed(self.cfg["seed"], "client", partition_id, self.round))
 
     def build_model(self) -> nn.Module:
         d = self.data
@@ -125,7 +128,8 @@ class ClientHalf(ABC):
         d = self.data
         return augmenters(
             d.image_size, d.flip, d.channels, int(self.algo.get("randaugment_n", 2)),
-            float(self.algo.get("randaugment_m", 10.0)), str(self.device),
+            float(self.algo.get("randaugment_m", 10.0)), self.cfg["augment"]["weak_shift"],
+            str(self.device),
         )
 
     def num_examples(self) -> int:

@@ -132,7 +132,9 @@ class SSFLStrategy(Strategy):
         self.stats = RoundStats()
         self.round_metrics: dict[str, float] = {}
         self.config_json = json.dumps(self.cfg, sort_keys=True)
-        self.weak = WeakAugment(server.dataset.image_size, server.dataset.flip).to(server.device)
+        self.weak = WeakAugment(
+            server.dataset.image_size, server.dataset.flip, self.cfg["augment"]["weak_shift"]
+        ).to(server.device)
 
     # ----- Flower Strategy interface -------------------------------------------------
     def summary(self) -> None:

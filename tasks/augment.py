@@ -1,6 +1,7 @@
 """Batched augmentation on the training device, random per sample (kornia ops).
 
-Weak: random horizontal flip (not for digits) and a random shift by pad-and-crop.
+Weak: random horizontal flip (not for digits) and a random shift by pad-and-crop
+(FixMatch: up to 12.5% of the side; ``augment.weak_shift`` in the config).
 Strong: weak, then RandAugment (n ops per sample, each op and its magnitude drawn
 per sample, magnitude up to m/10 of its range, as in FixMatch's RandAugment),
 then Cutout. kornia's own ``auto.RandAugment`` draws one sub-policy per batch, so
@@ -15,13 +16,13 @@ from torch import nn
 
 
 class WeakAugment(nn.Module):
-    """Flip (optional) and shift by up to 12.5% of the side, per sample."""
+    """Flip (optional) and a shift by up to ``shift`` of the side (zero padding), per sample."""
 
-    def __init__(self, image_size: int, flip: bool):
+    def __init__(self, image_size: int, flip: bool, shift: float = 0.125):
         super().__init__()
-        pad = max(1, round(image_size * 0.125))
+        pad = max(1, round(image_size * shift))
         ops: list[nn.Module] = [K.RandomHorizontalFlip(p=0.5)] if flip else []
-        ops.append(K.RandomCrop((image_size, image_size), padding=pad, padding_mode="reflect"))
+        ops.append(K.RandomCrop((image_size, image_size), padding=pad, padding_mode="constant"))
         self.ops = nn.Sequential(*ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,9 +75,12 @@ class RandAugment(nn.Module):
 class StrongAugment(nn.Module):
     """Weak augmentation, RandAugment(n, m) and Cutout (FixMatch's strong view)."""
 
-    def __init__(self, image_size: int, flip: bool, channels: int, n: int = 2, m: float = 10.0):
+    def __init__(
+        self, image_size: int, flip: bool, channels: int, n: int = 2, m: float = 10.0,
+        shift: float = 0.125,
+    ):
         super().__init__()
-        self.weak = WeakAugment(image_size, flip)
+        self.weak = WeakAugment(image_size, flip, shift)
         self.randaugment = RandAugment(n, m, channels)
         self.cutout = K.RandomErasing(scale=(0.02, 0.15), ratio=(0.5, 2.0), value=0.5, p=1.0)
 

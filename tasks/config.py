@@ -70,6 +70,8 @@ DEFAULTS: dict[str, Any] = {
     "federation": {"clients_per_round": 0, "min_clients": 1, "timeout_s": 3600.0},
     "simulation": {"num_cpus": 1, "num_gpus": 0.0},
     "eval": {"batch_size": 500},
+    # Weak view: flip + shift by up to this fraction of the side (FixMatch: 0.125).
+    "augment": {"weak_shift": 0.125},
     "algo": {},
 }
 

@@ -1,0 +1,39 @@
+"""Shared fixtures: where the real data is, and small configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def real_data_dir() -> Path | None:
+    """The real Fashion-MNIST/MNIST files: $SSFL_DATA_DIR, else ../shared/data beside the repo."""
+    for candidate in (os.environ.get("SSFL_DATA_DIR", ""), str(ROOT.parent / "shared" / "data")):
+        if candidate and (Path(candidate) / "fashion-mnist").is_dir():
+            return Path(candidate).resolve()
+    return None
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    found = real_data_dir()
+    if found is None:
+        pytest.skip("real Fashion-MNIST files not found (set SSFL_DATA_DIR)")
+    return found
+
+
+@pytest.fixture
+def synthetic_raw() -> dict:
+    """A small labels-at-server experiment on the synthetic 28x28 dataset."""
+    return {
+        "method": "fedavg_fixmatch",
+        "rounds": 2,
+        "dataset": {"name": "synthetic28", "synthetic_train_size": 2000, "synthetic_test_size": 400},
+        "split": {"labeled_per_class": 10, "val_size": 50, "test_size": 400, "num_clients": 3,
+                  "client_size": 200},
+        "server": {"bootstrap_epochs": 1, "epochs": 1},
+    }

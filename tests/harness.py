@@ -1,0 +1,45 @@
+"""An in-process Grid for tests: the real ClientApp handlers, no Ray, no SuperLink.
+
+Replies come back in reverse order (the strategy must sort them), and chosen
+partitions fail the way a crashing ClientApp does in Flower: an error reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from client_app import app as client_app
+
+
+class InProcessGrid:
+    def __init__(self, num_nodes: int, fail_partitions: Iterable[int] = ()):
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+        self.partition = {7000 + 13 * i: i for i in range(num_nodes)}
+        self.fail = set(fail_partitions)
+        self.contexts = {
+            nid: Context(run_id=1, node_id=nid, state=RecordDict(), run_config={},
+                         node_config={"partition-id": pid, "num-partitions": num_nodes})
+            for nid, pid in self.partition.items()
+        }
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.partition)
+
+    def handle(self, msg: Message) -> Message:
+        nid = msg.metadata.dst_node_id
+        handler = client_app.query if msg.metadata.message_type == MessageType.QUERY else client_app.train
+        try:
+            if self.partition[nid] in self.fail and msg.metadata.message_type == MessageType.TRAIN:
+                raise RuntimeError(f"injected failure of partition {self.partition[nid]}")
+            return handler(msg, self.contexts[nid])
+        except Exception as err:  # what Flower does with a ClientApp exception
+            return Message(Error(code=1, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None):
+        messages = list(messages)
+        self.sent.extend(messages)
+        return [self.handle(m) for m in reversed(messages)]

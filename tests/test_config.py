@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tasks.config import ConfigError, flatten, load_experiment, parse_overrides, resolve
+from tests.conftest import ROOT
+
+
+def test_defaults_fill_every_key_and_method_defaults_apply():
+    cfg = resolve({"method": "fedavg_fixmatch"})
+    assert cfg["algo"]["threshold"] == 0.9
+    assert cfg["server"]["bootstrap_epochs"] == 20
+    assert cfg["split"]["labeled_per_class"] == 50
+    assert resolve({"method": "fedprox_sl"})["client"]["proximal_mu"] == 0.01
+
+
+def test_unknown_key_names_key_and_allowed():
+    with pytest.raises(ConfigError, match=r"unknown config key 'client.lrr'.*\blr\b"):
+        resolve({"method": "server_sl", "client": {"lrr": 0.1}})
+
+
+def test_algo_keys_are_per_method():
+    with pytest.raises(ConfigError, match="unknown config key 'algo.threshold'"):
+        resolve({"method": "fedavg_sl", "algo": {"threshold": 0.5}})
+
+
+@pytest.mark.parametrize(
+    "raw, pattern",
+    [
+        ({"rounds": "ten"}, r"'rounds': expected int"),
+        ({"client": {"lr": "fast"}}, r"'client.lr': expected float"),
+        ({"dataset": {"download": 1}}, r"'dataset.download': expected bool"),
+        ({"method": "fedavgg"}, r"unknown method 'fedavgg' \(allowed: .*server_sl"),
+        ({"model": {"name": "vgg"}}, r"'model.name': 'vgg' is not one of .*small_cnn"),
+        ({"split": {"partitioner": "zipf"}}, r"'split.partitioner'.*iid"),
+        ({"dataset": {"name": "imagenet"}}, r"'dataset.name'.*fashion_mnist"),
+        ({"rounds": 0}, r"'rounds': must be >= 1"),
+        ({"split": {"target_r": 1.5}}, r"target_r"),
+    ],
+)
+def test_bad_values_are_one_line_errors(raw, pattern):
+    with pytest.raises(ConfigError, match=pattern) as err:
+        resolve({"method": "server_sl", **raw})
+    assert "\n" not in str(err.value)
+
+
+def test_int_is_accepted_for_float_and_coerced():
+    assert resolve({"client": {"lr": 1}})["client"]["lr"] == 1.0
+
+
+def test_overrides_parse_like_yaml():
+    assert parse_overrides(["client.lr=0.5", "name=x", "dataset.download=false"]) == {
+        "client": {"lr": 0.5}, "name": "x", "dataset": {"download": False}}
+    assert parse_overrides("rounds=3;seed=2") == {"rounds": 3, "seed": 2}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["rounds"])
+
+
+def test_every_shipped_experiment_resolves():
+    files = sorted((ROOT / "experiments").rglob("*.yaml"))
+    assert len(files) >= 5
+    for path in files:
+        cfg = load_experiment(path)
+        assert cfg["method"] in path.stem or cfg["name"]
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+
+
+def test_cli_misspelled_key_exits_2_with_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ssfl.cli", "run", str(ROOT / "experiments/fmnist-las/server_sl.yaml"),
+         "--set", "clinet.lr=0.1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown config key 'clinet'" in lines[0]
+
+
+def test_cli_missing_experiment_exits_2():
+    proc = subprocess.run([sys.executable, "-m", "ssfl.cli", "run", "nope.yaml"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "experiment file not found" in proc.stderr
