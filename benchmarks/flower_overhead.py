@@ -5,7 +5,8 @@ evaluation). Reports steady-state seconds per round (rounds 2..N), start-up cost
 (wall time not spent in rounds) and the peak summed RSS of every process the run
 started. Writes ``--out/overhead.json`` and prints a markdown table.
 
-    python benchmarks/flower_overhead.py --data-dir ../shared/data --rounds 10 --out results/overhead
+    python benchmarks/flower_overhead.py --data-dir ../shared/data --rounds 10 \
+        --out results/overhead
 """
 
 from __future__ import annotations
@@ -80,11 +81,16 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
     device = torch.device("cpu")
     server = ServerSide.build(cfg, ds, split, device)
     weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
-    clients = [
-        (to_float(ds.train_x[idx], device), ds.train_y[idx]) for idx in split.clients
-    ]
-    local = build_model(cfg["model"]["name"], ds.channels, ds.num_classes, ds.image_size,
-                        cfg["model"]["norm"], ds.mean, ds.std)
+    clients = [(to_float(ds.train_x[idx], device), ds.train_y[idx]) for idx in split.clients]
+    local = build_model(
+        cfg["model"]["name"],
+        ds.channels,
+        ds.num_classes,
+        ds.image_size,
+        cfg["model"]["norm"],
+        ds.mean,
+        ds.std,
+    )
     ccfg = cfg["client"]
     startup = time.perf_counter() - t0
     times, accs = [], []
@@ -95,10 +101,22 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
         for pid, (x, y) in enumerate(clients):
             local.load_state_dict(global_state)
             gen = seed_torch(derive_seed(cfg["seed"], "client", pid, rnd))
-            opt = make_sgd(local, ccfg["lr"] * ccfg["lr_decay"] ** (rnd - 1), ccfg["momentum"],
-                           ccfg["weight_decay"])
-            supervised_epochs(local, x, y, epochs=ccfg["epochs"], optimizer=opt,
-                              batch_size=ccfg["batch_size"], generator=gen, augment=weak)
+            opt = make_sgd(
+                local,
+                ccfg["lr"] * ccfg["lr_decay"] ** (rnd - 1),
+                ccfg["momentum"],
+                ccfg["weight_decay"],
+            )
+            supervised_epochs(
+                local,
+                x,
+                y,
+                epochs=ccfg["epochs"],
+                optimizer=opt,
+                batch_size=ccfg["batch_size"],
+                generator=gen,
+                augment=weak,
+            )
             updates.append({k: v.detach().numpy().copy() for k, v in local.state_dict().items()})
             weights.append(len(x))
         avg = weighted_average(updates, weights)
@@ -110,15 +128,31 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
 
 
 def flower_run(args, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "ssfl.cli", "run", str(EXPERIMENT), "--rounds", str(args.rounds),
-           "--set", f"dataset.root={args.data_dir}", "--out", str(out), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ssfl.cli",
+        "run",
+        str(EXPERIMENT),
+        "--rounds",
+        str(args.rounds),
+        "--set",
+        f"dataset.root={args.data_dir}",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     res = json.loads((out / "results.json").read_text())
     times = [r["seconds"] for r in res["rounds"]]
-    return {"wall_s": wall, "startup_s": wall - sum(times), "round_s": times,
-            "accuracy": [r["test_accuracy"] for r in res["rounds"]]}
+    return {
+        "wall_s": wall,
+        "startup_s": wall - sum(times),
+        "round_s": times,
+        "accuracy": [r["test_accuracy"] for r in res["rounds"]],
+    }
 
 
 def main() -> None:
@@ -155,11 +189,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name in ("flower", "plain"):
         r = report[name]
-        print(f"| {name} | {r['steady_round_s']:.2f} | {r['startup_s']:.1f} | "
-              f"{r['peak_rss_bytes'] / gib:.2f} | {r['accuracy'][-1]:.4f} |")
+        print(
+            f"| {name} | {r['steady_round_s']:.2f} | {r['startup_s']:.1f} | "
+            f"{r['peak_rss_bytes'] / gib:.2f} | {r['accuracy'][-1]:.4f} |"
+        )
     print(f"\nFlower / plain steady-state ratio: {report['ratio']:.3f}")
-    print(f"final accuracies equal to 4 decimals: "
-          f"{np.isclose(report['flower']['accuracy'][-1], report['plain']['accuracy'][-1], atol=5e-5)}")
+    print(
+        f"final accuracies equal to 4 decimals: "
+        f"{np.isclose(flower['accuracy'][-1], plain['accuracy'][-1], atol=5e-5)}"
+    )
 
 
 if __name__ == "__main__":

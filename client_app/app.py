@@ -14,8 +14,10 @@ app = ClientApp()
 def partition_id(context: Context) -> int:
     """The node's partition (simulation sets it; deployment passes --node-config)."""
     if "partition-id" not in context.node_config:
-        raise ValueError("node-config has no 'partition-id' (start the SuperNode with "
-                         "--node-config \"partition-id=K num-partitions=N\")")
+        raise ValueError(
+            "node-config has no 'partition-id' (start the SuperNode with "
+            '--node-config "partition-id=K num-partitions=N")'
+        )
     return int(context.node_config["partition-id"])
 
 

@@ -111,7 +111,9 @@ class ClientHalf(ABC):
         self.model = self.build_model()
         self.model.load_state_dict(content["arrays"].to_torch_state_dict())
         # Seeded after the model is built, so the training stream depends on the seed alone.
-        self.generator = seed_torch(derive_seed(self.cfg["seed"], "client", partition_id, self.round))
+        self.generator = seed_torch(
+            derive_seed(self.cfg["seed"], "client", partition_id, self.round)
+        )
 
     def build_model(self) -> nn.Module:
         d = self.data
@@ -127,8 +129,12 @@ class ClientHalf(ABC):
     def augmenters(self) -> tuple[nn.Module, nn.Module]:
         d = self.data
         return augmenters(
-            d.image_size, d.flip, d.channels, int(self.algo.get("randaugment_n", 2)),
-            float(self.algo.get("randaugment_m", 10.0)), self.cfg["augment"]["weak_shift"],
+            d.image_size,
+            d.flip,
+            d.channels,
+            int(self.algo.get("randaugment_n", 2)),
+            float(self.algo.get("randaugment_m", 10.0)),
+            self.cfg["augment"]["weak_shift"],
             str(self.device),
         )
 

@@ -17,8 +17,14 @@ class SupervisedClient(ClientHalf):
         y = torch.cat([d.true_y, d.labeled_y])
         weak, _ = self.augmenters()
         out = supervised_epochs(
-            self.model, x, y, epochs=self.cfg["client"]["epochs"], optimizer=self.optimizer(),
-            batch_size=self.cfg["client"]["batch_size"], generator=self.generator, augment=weak,
+            self.model,
+            x,
+            y,
+            epochs=self.cfg["client"]["epochs"],
+            optimizer=self.optimizer(),
+            batch_size=self.cfg["client"]["batch_size"],
+            generator=self.generator,
+            augment=weak,
             proximal_mu=self.cfg["client"]["proximal_mu"],
         )
         return {"train_loss": out["loss"]}

@@ -14,4 +14,6 @@ class UDAClient(ConsistencyClient):
     def unlabeled_loss(
         self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return uda_loss(logits_weak, logits_strong, self.algo["threshold"], self.algo["temperature"])
+        return uda_loss(
+            logits_weak, logits_strong, self.algo["threshold"], self.algo["temperature"]
+        )

@@ -45,17 +45,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
     summary = check_data(cfg)
     out = Path(args.out) if args.out else default_out(cfg)
-    print(f"ssfl: {cfg['method']} on {cfg['dataset']['name']} ({summary['partitioner']}, "
-          f"R={summary['noniid_r']:.3f}), {cfg['split']['num_clients']} clients, "
-          f"{cfg['rounds']} rounds -> {out}", file=sys.stderr)
+    print(
+        f"ssfl: {cfg['method']} on {cfg['dataset']['name']} ({summary['partitioner']}, "
+        f"R={summary['noniid_r']:.3f}), {cfg['split']['num_clients']} clients, "
+        f"{cfg['rounds']} rounds -> {out}",
+        file=sys.stderr,
+    )
     try:
         results = run_simulation(cfg, out, stream=not args.quiet)
     except RunFailed as err:
         print(f"ssfl: run failed: {err}", file=sys.stderr)
         return 1
-    print(f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
-          f"best_test_accuracy {results['best_test_accuracy']:.4f}  "
-          f"wall_seconds {results['wall_seconds']:.1f}  -> {out / 'results.json'}")
+    print(
+        f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
+        f"best_test_accuracy {results['best_test_accuracy']:.4f}  "
+        f"wall_seconds {results['wall_seconds']:.1f}  -> {out / 'results.json'}"
+    )
     return 0
 
 
@@ -77,10 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an experiment YAML in Flower's simulation engine")
     run.add_argument("experiment", help="experiment YAML, e.g. experiments/fmnist-las/fedseal.yaml")
     run.add_argument("--rounds", type=int, help="number of rounds (overrides 'rounds')")
-    run.add_argument("--nodes", type=int,
-                     help="number of clients; the same data is re-partitioned (split.num_clients)")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="override a config value, e.g. --set client.lr=0.05 (repeatable)")
+    run.add_argument(
+        "--nodes",
+        type=int,
+        help="number of clients; the same data is re-partitioned (split.num_clients)",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set client.lr=0.05 (repeatable)",
+    )
     run.add_argument("--out", help="output folder (default runs/<name>-<time>)")
     run.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     run.set_defaults(func=cmd_run)

@@ -76,22 +76,36 @@ class LocalSuperLink:
     def start(self, timeout: float = 60.0) -> None:
         log_file = self.home / "superlink.log"
         cmd = [
-            flwr_bin("flower-superlink"), "--insecure", "--simulation",
-            "--isolation", "subprocess",
-            "--control-api-address", f"127.0.0.1:{self.env['FLWR_LOCAL_CONTROL_API_PORT']}",
-            "--host", "127.0.0.1", "--port", self.http_port,
-            "--database", str(self.home / "state.db"),
+            flwr_bin("flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--control-api-address",
+            f"127.0.0.1:{self.env['FLWR_LOCAL_CONTROL_API_PORT']}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            self.http_port,
+            "--database",
+            str(self.home / "state.db"),
             "--disable-runtime-dependency-installation",
-            "--log-file", str(log_file),
+            "--log-file",
+            str(log_file),
         ]
         self.process = subprocess.Popen(
-            cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cmd,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RunFailed(f"flower-superlink exited with {self.process.returncode}; see {log_file}")
+                raise RunFailed(
+                    f"flower-superlink exited with {self.process.returncode}; see {log_file}"
+                )
             if self._healthy():
                 return
             time.sleep(0.2)
@@ -137,7 +151,10 @@ def run_status(link: LocalSuperLink, run_id: str) -> str:
     """The run's status as the SuperLink records it (e.g. finished:completed)."""
     proc = subprocess.run(
         [flwr_bin("flwr"), "ls", "local", "--run-id", run_id, "--format", "json"],
-        env=link.env, capture_output=True, text=True, timeout=60,
+        env=link.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     match = re.search(r'"status":\s*"([^"]+)"', proc.stdout)
     return match.group(1) if match else f"unknown ({proc.stdout.strip()[-200:]})"
@@ -155,8 +172,12 @@ def run_simulation(
     try:
         link.start()
         cmd = [
-            flwr_bin("flwr"), "run", str(app_dir), "local",
-            "--run-config", f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}",
+            flwr_bin("flwr"),
+            "run",
+            str(app_dir),
+            "local",
+            "--run-config",
+            f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}",
             "--federation-config",
             f"num-supernodes={cfg['split']['num_clients']} "
             f"client-resources-num-cpus={sim['num_cpus']} "
@@ -184,8 +205,9 @@ def _run_logged(cmd: list[str], env: Mapping[str, str], log_path: Path, echo: bo
     """Run ``flwr run --stream`` into a log file, echoing progress lines when asked."""
     lines = []
     with log_path.open("w") as log_fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)

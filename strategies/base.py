@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,8 +64,13 @@ class ServerSide:
     def build(cls, cfg: dict[str, Any], dataset: Dataset, split: Split, device: torch.device):
         torch.manual_seed(derive_seed(cfg["seed"], "init"))
         model = build_model(
-            cfg["model"]["name"], dataset.channels, dataset.num_classes, dataset.image_size,
-            cfg["model"]["norm"], dataset.mean, dataset.std,
+            cfg["model"]["name"],
+            dataset.channels,
+            dataset.num_classes,
+            dataset.image_size,
+            cfg["model"]["norm"],
+            dataset.mean,
+            dataset.std,
         ).to(device)
         train_x, train_y = dataset.train_x, dataset.train_y
         return cls(
@@ -97,7 +102,9 @@ def record_bytes(content: RecordDict) -> int:
 def dense_bytes(content: RecordDict) -> int:
     """What the arrays of a message would cost as dense float32 tensors."""
     return sum(
-        4 * int(np.prod(arr.shape)) for rec in content.array_records.values() for arr in rec.values()
+        4 * int(np.prod(arr.shape))
+        for rec in content.array_records.values()
+        for arr in rec.values()
     )
 
 
@@ -138,8 +145,12 @@ class SSFLStrategy(Strategy):
 
     # ----- Flower Strategy interface -------------------------------------------------
     def summary(self) -> None:
-        log.info("method %s, %d clients, %s rounds", self.cfg["method"],
-                 self.cfg["split"]["num_clients"], self.cfg["rounds"])
+        log.info(
+            "method %s, %d clients, %s rounds",
+            self.cfg["method"],
+            self.cfg["split"]["num_clients"],
+            self.cfg["rounds"],
+        )
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -147,12 +158,16 @@ class SSFLStrategy(Strategy):
         """One message per sampled client: the global model, the round config, method extras."""
         messages = []
         for pid in self.sample_partitions(server_round):
-            content = RecordDict({"arrays": arrays, "config": self.client_config(server_round, pid)})
+            content = RecordDict(
+                {"arrays": arrays, "config": self.client_config(server_round, pid)}
+            )
             for key, record in self.client_extras(server_round, pid).items():
                 content[key] = record
             self.stats.bytes_s2c += record_bytes(content)
             messages.append(
-                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[pid])
+                Message(
+                    content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[pid]
+                )
             )
         return messages
 
@@ -175,7 +190,9 @@ class SSFLStrategy(Strategy):
             self.stats.bytes_c2s += record_bytes(reply.content)
             metrics = reply.content["metrics"]
             extra = metrics.get("dense-bytes")
-            self.stats.bytes_c2s_dense += int(extra) if extra is not None else dense_bytes(reply.content)
+            self.stats.bytes_c2s_dense += (
+                int(extra) if extra is not None else dense_bytes(reply.content)
+            )
         if not good:
             return None, None
         arrays = self.aggregate_arrays(server_round, good)
@@ -219,8 +236,11 @@ class SSFLStrategy(Strategy):
         names = sorted({k for r in replies for k in r.content["metrics"]} - set(BOOKKEEPING))
         out = {}
         for name in names:
-            vals = [(w, float(r.content["metrics"][name]))
-                    for w, r in zip(weights, replies) if name in r.content["metrics"]]
+            vals = [
+                (w, float(r.content["metrics"][name]))
+                for w, r in zip(weights, replies)
+                if name in r.content["metrics"]
+            ]
             total = sum(w for w, _ in vals)
             out[name] = sum(w * v for w, v in vals) / total if total else 0.0
         return MetricRecord(out)
@@ -238,12 +258,19 @@ class SSFLStrategy(Strategy):
             return {}
         scfg = self.cfg["server"]
         gen = seed_torch(derive_seed(self.cfg["seed"], "server", server_round))
-        opt = make_sgd(self.server.model, self.server_lr(server_round), scfg["momentum"],
-                       scfg["weight_decay"])
+        opt = make_sgd(
+            self.server.model, self.server_lr(server_round), scfg["momentum"], scfg["weight_decay"]
+        )
         kwargs = {"loss_fn": loss_fn} if loss_fn is not None else {}
         out = supervised_epochs(
-            self.server.model, self.server.labeled_x, self.server.labeled_y, epochs=epochs,
-            optimizer=opt, batch_size=scfg["batch_size"], generator=gen, augment=self.weak,
+            self.server.model,
+            self.server.labeled_x,
+            self.server.labeled_y,
+            epochs=epochs,
+            optimizer=opt,
+            batch_size=scfg["batch_size"],
+            generator=gen,
+            augment=self.weak,
             **kwargs,
         )
         return {"server_loss": out["loss"]}
@@ -272,19 +299,27 @@ class SSFLStrategy(Strategy):
         deadline = time.monotonic() + timeout
         while len(list(grid.get_node_ids())) < wanted:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(list(grid.get_node_ids()))} nodes connected, "
-                                   f"{wanted} needed (federation.min_clients)")
+                raise RuntimeError(
+                    f"only {len(list(grid.get_node_ids()))} nodes connected, "
+                    f"{wanted} needed (federation.min_clients)"
+                )
             time.sleep(0.5)
         messages = [
-            Message(content=RecordDict({"config": ConfigRecord({"ssfl-config": self.config_json})}),
-                    message_type=MessageType.QUERY, dst_node_id=nid)
+            Message(
+                content=RecordDict({"config": ConfigRecord({"ssfl-config": self.config_json})}),
+                message_type=MessageType.QUERY,
+                dst_node_id=nid,
+            )
             for nid in sorted(grid.get_node_ids())
         ]
         nodes: dict[int, int] = {}
         for reply in grid.send_and_receive(messages, timeout=timeout):
             if reply.has_error():
-                log.warning("node %s did not answer the discovery query: %s",
-                            reply.metadata.src_node_id, reply.error.reason)
+                log.warning(
+                    "node %s did not answer the discovery query: %s",
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
                 continue
             pid = int(reply.content["metrics"]["partition-id"])
             if pid in nodes:
@@ -319,8 +354,12 @@ class SSFLStrategy(Strategy):
             self.stats, self.round_metrics = RoundStats(), {}
             metrics = self.client_round(rnd, grid, timeout)
             server_metrics = self.server_update(rnd)
-            acc, loss = evaluate(self.server.model, self.server.test_x, self.server.test_y,
-                                 self.cfg["eval"]["batch_size"])
+            acc, loss = evaluate(
+                self.server.model,
+                self.server.test_x,
+                self.server.test_y,
+                self.cfg["eval"]["batch_size"],
+            )
             row = {
                 "round": rnd,
                 "test_accuracy": acc,
@@ -331,8 +370,11 @@ class SSFLStrategy(Strategy):
                 "bytes_c2s_dense": self.stats.bytes_c2s_dense,
                 "clients": self.stats.replies,
                 "failures": self.stats.failures,
-                **({"failed_partitions": self.stats.failed_partitions}
-                   if self.stats.failures else {}),
+                **(
+                    {"failed_partitions": self.stats.failed_partitions}
+                    if self.stats.failures
+                    else {}
+                ),
                 **metrics,
                 **server_metrics,
                 **self.round_metrics,
@@ -354,4 +396,3 @@ class SSFLStrategy(Strategy):
             return {}
         self.server.load(arrays)
         return dict(metrics.items()) if metrics is not None else {}
-

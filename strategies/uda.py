@@ -34,10 +34,14 @@ class FedAvgUDA(SSFLStrategy):
 
     def server_update(self, server_round: int) -> dict[str, float]:
         """E_s epochs on the labeled set, ignoring samples above the TSA threshold eta_t."""
-        eta = tsa_threshold(server_round / self.cfg["rounds"], self.cfg["algo"]["tsa_schedule"],
-                            self.server.dataset.num_classes)
+        eta = tsa_threshold(
+            server_round / self.cfg["rounds"],
+            self.cfg["algo"]["tsa_schedule"],
+            self.server.dataset.num_classes,
+        )
         out = self.server_train(
-            server_round, self.cfg["server"]["epochs"],
+            server_round,
+            self.cfg["server"]["epochs"],
             loss_fn=lambda logits, y: tsa_cross_entropy(logits, y, eta),
         )
         return {**out, "tsa_eta": eta}

@@ -76,7 +76,12 @@ class StrongAugment(nn.Module):
     """Weak augmentation, RandAugment(n, m) and Cutout (FixMatch's strong view)."""
 
     def __init__(
-        self, image_size: int, flip: bool, channels: int, n: int = 2, m: float = 10.0,
+        self,
+        image_size: int,
+        flip: bool,
+        channels: int,
+        n: int = 2,
+        m: float = 10.0,
         shift: float = 0.125,
     ):
         super().__init__()

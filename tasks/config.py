@@ -150,23 +150,19 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def _check_type(key: str, value: Any, default: Any) -> Any:
     """Return ``value`` coerced to the type of ``default`` or raise ConfigError."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
+        ok = isinstance(value, bool)
     elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        ok = is_number and isinstance(value, int)
     elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif isinstance(default, str):
-        if isinstance(value, str):
-            return value
-    elif isinstance(default, list):
-        if isinstance(value, list):
-            return value
-    kind = type(default).__name__
-    raise ConfigError(f"config key '{key}': expected {kind}, got {value!r}")
+        ok, value = is_number, float(value) if is_number else value
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        kind = type(default).__name__
+        raise ConfigError(f"config key '{key}': expected {kind}, got {value!r}")
+    return value
 
 
 def _validate(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -176,7 +172,9 @@ def _validate(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -
         full = f"{prefix}{key}"
         if key not in schema:
             allowed = ", ".join(sorted(schema)) or "(none)"
-            raise ConfigError(f"unknown config key '{full}' (allowed under '{prefix or '.'}': {allowed})")
+            raise ConfigError(
+                f"unknown config key '{full}' (allowed under '{prefix or '.'}': {allowed})"
+            )
         default = schema[key]
         if isinstance(default, dict):
             if not isinstance(value, Mapping):
@@ -210,9 +208,7 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
     for key, allowed in {**CHOICES, **_registered_choices()}.items():
         value = _get(cfg, key)
         if value not in allowed:
-            raise ConfigError(
-                f"config key '{key}': {value!r} is not one of {', '.join(allowed)}"
-            )
+            raise ConfigError(f"config key '{key}': {value!r} is not one of {', '.join(allowed)}")
     _check_ranges(cfg)
     return cfg
 
@@ -220,29 +216,40 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
 def _check_ranges(cfg: Mapping[str, Any]) -> None:
     """Values that have the right type but make no sense."""
     positive = [
-        "rounds", "split.num_clients", "split.client_size", "server.batch_size",
-        "client.batch_size", "eval.batch_size", "simulation.num_cpus",
+        "rounds",
+        "split.num_clients",
+        "split.client_size",
+        "server.batch_size",
+        "client.batch_size",
+        "eval.batch_size",
+        "simulation.num_cpus",
     ]
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"config key '{key}': must be >= 1, got {_get(cfg, key)}")
     non_negative = [
-        "server.epochs", "server.bootstrap_epochs", "client.epochs", "split.val_size",
-        "split.labeled_per_class", "split.client_labeled_per_class", "client.proximal_mu",
-        "federation.clients_per_round", "simulation.num_gpus",
+        "server.epochs",
+        "server.bootstrap_epochs",
+        "client.epochs",
+        "split.val_size",
+        "split.labeled_per_class",
+        "split.client_labeled_per_class",
+        "client.proximal_mu",
+        "federation.clients_per_round",
+        "simulation.num_gpus",
     ]
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"config key '{key}': must be >= 0, got {_get(cfg, key)}")
     if not 0.0 <= cfg["split"]["target_r"] <= 1.0:
-        raise ConfigError(f"config key 'split.target_r': must be in [0, 1], got {cfg['split']['target_r']}")
+        raise ConfigError(
+            f"config key 'split.target_r': must be in [0, 1], got {cfg['split']['target_r']}"
+        )
     if cfg["split"]["dirichlet_alpha"] <= 0:
         raise ConfigError("config key 'split.dirichlet_alpha': must be > 0")
 
 
-def load_experiment(
-    path: str | Path, overrides: list[str] | str | None = None
-) -> dict[str, Any]:
+def load_experiment(path: str | Path, overrides: list[str] | str | None = None) -> dict[str, Any]:
     """Read an experiment YAML, apply ``key=value`` overrides and validate it."""
     raw = read_yaml(path)
     if overrides:

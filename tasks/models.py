@@ -173,5 +173,3 @@ def build_model(
     """A registered model behind a Normalize layer: model[0] normalises, model[1] is the net."""
     net = MODELS[name](in_channels, num_classes, image_size, norm=norm)
     return nn.Sequential(Normalize(mean, std), net)
-
-

@@ -92,7 +92,7 @@ def _balanced(total: int, num_classes: int) -> np.ndarray:
 def partition_class_counts(
     partitioner: str, num_clients: int, client_size: int, num_classes: int, scfg, rng
 ) -> np.ndarray:
-    """Class counts (num_clients x num_classes) each client draws, for the count-based partitioners."""
+    """Per-client class counts (num_clients x num_classes) of the count-based partitioners."""
     rows = []
     for k in range(num_clients):
         if partitioner == "iid":
@@ -118,7 +118,7 @@ def partition_class_counts(
 def _dirichlet_partitions(
     pool: ClassPool, labels: np.ndarray, scfg, num_classes: int, seed: int
 ) -> list[np.ndarray]:
-    """Dirichlet(alpha) label skew with flwr-datasets over num_clients * client_size pool samples."""
+    """Dirichlet(alpha) label skew (flwr-datasets) over num_clients * client_size samples."""
     import datasets as hf
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -135,7 +135,10 @@ def _dirichlet_partitions(
         seed=seed,
     )
     part.dataset = table
-    return [np.asarray(part.load_partition(k)["idx"], dtype=np.int64) for k in range(scfg["num_clients"])]
+    return [
+        np.asarray(part.load_partition(k)["idx"], dtype=np.int64)
+        for k in range(scfg["num_clients"])
+    ]
 
 
 def histogram(labels: np.ndarray, idx: np.ndarray, num_classes: int) -> list[int]:
@@ -158,16 +161,18 @@ def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
         )
         clients = [pool.take(row, f"client {i}") for i, row in enumerate(counts)]
     clients = [rng.permutation(c) for c in clients]
-    client_labeled = [_client_labeled(c, labels, k, scfg["client_labeled_per_class"]) for c in clients]
+    client_labeled = [
+        _client_labeled(c, labels, k, scfg["client_labeled_per_class"]) for c in clients
+    ]
     test = _test_indices(ds, scfg["test_size"], rng)
     hists = np.array([histogram(labels, c, k) for c in clients])
     summary = {
-        "server_labeled": int(len(server)),
-        "val": int(len(val)),
-        "test": int(len(test)),
+        "server_labeled": len(server),
+        "val": len(val),
+        "test": len(test),
         "num_clients": len(clients),
-        "client_sizes": [int(len(c)) for c in clients],
-        "client_labeled_sizes": [int(len(c)) for c in client_labeled],
+        "client_sizes": [len(c) for c in clients],
+        "client_labeled_sizes": [len(c) for c in client_labeled],
         "server_histogram": histogram(labels, server, k),
         "client_histograms": hists.tolist(),
         "noniid_r": round(noniid_r(hists), 6),
@@ -205,6 +210,7 @@ def _cached_split(key: str) -> tuple[Dataset, Split]:
 
 def get_split(cfg: Mapping[str, Any]) -> tuple[Dataset, Split]:
     """Dataset and split of an experiment, computed once per process."""
-    key = json.dumps({"dataset": cfg["dataset"], "split": cfg["split"], "seed": cfg["seed"]},
-                     sort_keys=True)
+    key = json.dumps(
+        {"dataset": cfg["dataset"], "split": cfg["split"], "seed": cfg["seed"]}, sort_keys=True
+    )
     return _cached_split(key)

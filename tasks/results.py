@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 log = logging.getLogger("flwr.ssfl")
 
@@ -39,7 +39,11 @@ class Recorder:
             fh.write(json.dumps(row) + "\n")
         log.info(
             "round %d/%d  test_accuracy %.4f  test_loss %.4f  %.1fs",
-            row["round"], self.cfg["rounds"], row["test_accuracy"], row["test_loss"], row["seconds"],
+            row["round"],
+            self.cfg["rounds"],
+            row["test_accuracy"],
+            row["test_loss"],
+            row["seconds"],
         )
 
     def results(self) -> dict[str, Any]:
@@ -108,8 +112,10 @@ def accuracy_at(results: Mapping[str, Any], rnd: int) -> float | None:
 
 def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """One row per run: method, data, rounds, final and best accuracy, time, traffic."""
-    head = ("| run | method | dataset | partitioner | R | rounds | final acc | best acc "
-            "| wall s | MB c2s / round |")
+    head = (
+        "| run | method | dataset | partitioner | R | rounds | final acc | best acc "
+        "| wall s | MB c2s / round |"
+    )
     lines = [head, "|" + "---|" * 10]
     for res in runs:
         rows = res["rounds"]

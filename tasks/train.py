@@ -98,7 +98,9 @@ def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[float, float]:
     """Accuracy (fraction) and mean cross-entropy."""
     logits = predict_logits(model, x, batch_size)
     loss = float(F.cross_entropy(logits, y))

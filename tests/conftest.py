@@ -32,8 +32,17 @@ def synthetic_raw() -> dict:
     return {
         "method": "fedavg_fixmatch",
         "rounds": 2,
-        "dataset": {"name": "synthetic28", "synthetic_train_size": 2000, "synthetic_test_size": 400},
-        "split": {"labeled_per_class": 10, "val_size": 50, "test_size": 400, "num_clients": 3,
-                  "client_size": 200},
+        "dataset": {
+            "name": "synthetic28",
+            "synthetic_train_size": 2000,
+            "synthetic_test_size": 400,
+        },
+        "split": {
+            "labeled_per_class": 10,
+            "val_size": 50,
+            "test_size": 400,
+            "num_clients": 3,
+            "client_size": 200,
+        },
         "server": {"bootstrap_epochs": 1, "epochs": 1},
     }

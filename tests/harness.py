@@ -20,8 +20,13 @@ class InProcessGrid:
         self.partition = {7000 + 13 * i: i for i in range(num_nodes)}
         self.fail = set(fail_partitions)
         self.contexts = {
-            nid: Context(run_id=1, node_id=nid, state=RecordDict(), run_config={},
-                         node_config={"partition-id": pid, "num-partitions": num_nodes})
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                state=RecordDict(),
+                run_config={},
+                node_config={"partition-id": pid, "num-partitions": num_nodes},
+            )
             for nid, pid in self.partition.items()
         }
         self.sent: list[Message] = []
@@ -31,7 +36,9 @@ class InProcessGrid:
 
     def handle(self, msg: Message) -> Message:
         nid = msg.metadata.dst_node_id
-        handler = client_app.query if msg.metadata.message_type == MessageType.QUERY else client_app.train
+        handler = (
+            client_app.query if msg.metadata.message_type == MessageType.QUERY else client_app.train
+        )
         try:
             if self.partition[nid] in self.fail and msg.metadata.message_type == MessageType.TRAIN:
                 raise RuntimeError(f"injected failure of partition {self.partition[nid]}")

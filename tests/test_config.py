@@ -23,7 +23,7 @@ def test_unknown_key_names_key_and_allowed():
 
 
 def test_algo_keys_are_per_method():
-    with pytest.raises(ConfigError, match="unknown config key 'algo.threshold'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'algo\.threshold'"):
         resolve({"method": "fedavg_sl", "algo": {"threshold": 0.5}})
 
 
@@ -53,7 +53,10 @@ def test_int_is_accepted_for_float_and_coerced():
 
 def test_overrides_parse_like_yaml():
     assert parse_overrides(["client.lr=0.5", "name=x", "dataset.download=false"]) == {
-        "client": {"lr": 0.5}, "name": "x", "dataset": {"download": False}}
+        "client": {"lr": 0.5},
+        "name": "x",
+        "dataset": {"download": False},
+    }
     assert parse_overrides("rounds=3;seed=2") == {"rounds": 3, "seed": 2}
     with pytest.raises(ConfigError, match="key=value"):
         parse_overrides(["rounds"])
@@ -73,9 +76,19 @@ def test_flatten():
 
 def test_cli_misspelled_key_exits_2_with_one_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "ssfl.cli", "run", str(ROOT / "experiments/fmnist-las/server_sl.yaml"),
-         "--set", "clinet.lr=0.1"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "ssfl.cli",
+            "run",
+            str(ROOT / "experiments/fmnist-las/server_sl.yaml"),
+            "--set",
+            "clinet.lr=0.1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -83,6 +96,11 @@ def test_cli_misspelled_key_exits_2_with_one_line():
 
 
 def test_cli_missing_experiment_exits_2():
-    proc = subprocess.run([sys.executable, "-m", "ssfl.cli", "run", "nope.yaml"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ssfl.cli", "run", "nope.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "experiment file not found" in proc.stderr

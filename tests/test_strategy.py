@@ -47,8 +47,9 @@ def test_sampling_is_deterministic_and_sized(synthetic_raw):
     assert len(trained) == 4
     grid2 = InProcessGrid(3)
     run(raw, grid2)
-    assert trained == [m.metadata.dst_node_id for m in grid2.sent
-                       if m.metadata.message_type == "train"]
+    assert trained == [
+        m.metadata.dst_node_id for m in grid2.sent if m.metadata.message_type == "train"
+    ]
 
 
 def test_server_sl_sends_nothing(synthetic_raw):
