@@ -31,7 +31,7 @@ from strategies.base import ServerSide  # noqa: E402
 from tasks.aggregate import weighted_average  # noqa: E402
 from tasks.augment import WeakAugment  # noqa: E402
 from tasks.config import load_experiment  # noqa: E402
-from tasks.models import build_model  # noqa: E402
+from tasks.models import model_for  # noqa: E402
 from tasks.partition import get_split  # noqa: E402
 from tasks.train import derive_seed, evaluate, make_sgd, seed_torch, supervised_epochs, to_float  # noqa: E402
 
@@ -82,15 +82,7 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
     server = ServerSide.build(cfg, ds, split, device)
     weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
     clients = [(to_float(ds.train_x[idx], device), ds.train_y[idx]) for idx in split.clients]
-    local = build_model(
-        cfg["model"]["name"],
-        ds.channels,
-        ds.num_classes,
-        ds.image_size,
-        cfg["model"]["norm"],
-        ds.mean,
-        ds.std,
-    )
+    local = model_for(cfg["model"], ds)
     ccfg = cfg["client"]
     startup = time.perf_counter() - t0
     times, accs = [], []

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from tasks.augment import StrongAugment, WeakAugment
-from tasks.models import build_model
+from tasks.models import model_for
 from tasks.partition import get_split
 from tasks.train import derive_seed, make_sgd, resolve_device, seed_torch, to_float
 
@@ -116,11 +116,7 @@ class ClientHalf(ABC):
         )
 
     def build_model(self) -> nn.Module:
-        d = self.data
-        mcfg = self.cfg["model"]
-        return build_model(
-            mcfg["name"], d.channels, d.num_classes, d.image_size, mcfg["norm"], d.mean, d.std
-        ).to(self.device)
+        return model_for(self.cfg["model"], self.data).to(self.device)
 
     def optimizer(self) -> torch.optim.Optimizer:
         ccfg = self.cfg["client"]

@@ -4,9 +4,5 @@
 # Extra arguments go to `ssfl run` (e.g. --rounds 10 --set client.lr=0.02).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-. .venv/bin/activate
-if [ -z "${SSFL_DATA_DIR:-}" ] && [ -d ../shared/data/fashion-mnist ]; then
-  export SSFL_DATA_DIR="$(cd ../shared/data && pwd)"
-fi
+. scripts/env.sh
 ssfl run experiments/fmnist-las/fedavg_fixmatch.yaml "$@"

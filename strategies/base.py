@@ -27,7 +27,7 @@ from torch import nn
 from tasks.aggregate import weighted_average
 from tasks.augment import WeakAugment
 from tasks.data import Dataset
-from tasks.models import build_model
+from tasks.models import model_for
 from tasks.partition import Split
 from tasks.train import (
     derive_seed,
@@ -63,15 +63,7 @@ class ServerSide:
     @classmethod
     def build(cls, cfg: dict[str, Any], dataset: Dataset, split: Split, device: torch.device):
         torch.manual_seed(derive_seed(cfg["seed"], "init"))
-        model = build_model(
-            cfg["model"]["name"],
-            dataset.channels,
-            dataset.num_classes,
-            dataset.image_size,
-            cfg["model"]["norm"],
-            dataset.mean,
-            dataset.std,
-        ).to(device)
+        model = model_for(cfg["model"], dataset).to(device)
         train_x, train_y = dataset.train_x, dataset.train_y
         return cls(
             cfg=cfg,

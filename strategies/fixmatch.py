@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strategies.base import SSFLStrategy
-from strategies.server_sl import SERVER_SCHEDULE
-from tasks.config import deep_merge
+from strategies.server_sl import labels_at_server_defaults
 
 
 class FedAvgFixMatch(SSFLStrategy):
@@ -14,17 +13,5 @@ class FedAvgFixMatch(SSFLStrategy):
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        return deep_merge(
-            SERVER_SCHEDULE,
-            {
-                "algo": {
-                    # FedSEAL 5.2.1: "For FixMatch and UDA, the fixed confidence threshold is 0.9".
-                    "threshold": 0.9,
-                    # FixMatch (Sohn et al. 2020) eq. 5: weight of the unlabeled loss.
-                    "lambda_u": 1.0,
-                    # RandAugment n ops of magnitude up to m (FixMatch's strong view).
-                    "randaugment_n": 2,
-                    "randaugment_m": 10.0,
-                }
-            },
-        )
+        # FedSEAL 5.2.1: "For FixMatch and UDA, the fixed confidence threshold is 0.9".
+        return labels_at_server_defaults(threshold=0.9)

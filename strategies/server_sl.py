@@ -11,6 +11,18 @@ from strategies.base import SSFLStrategy
 SERVER_SCHEDULE: dict[str, Any] = {"server": {"bootstrap_epochs": 20, "epochs": 2}}
 
 
+def labels_at_server_defaults(**algo: Any) -> dict[str, Any]:
+    """The shared server schedule plus a consistency method's ``algo`` keys.
+
+    Every such method has a strong view: RandAugment with n ops of magnitude up to m
+    (FixMatch's variant, n = 2, m = 10) and an unlabeled-loss weight lambda_u = 1.
+    """
+    return {
+        **SERVER_SCHEDULE,
+        "algo": {"lambda_u": 1.0, "randaugment_n": 2, "randaugment_m": 10.0, **algo},
+    }
+
+
 class ServerSL(SSFLStrategy):
     """No client takes part; each round is E_s epochs on the server's labeled data."""
 

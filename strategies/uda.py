@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from strategies.base import SSFLStrategy
-from strategies.server_sl import SERVER_SCHEDULE
-from tasks.config import deep_merge
+from strategies.server_sl import labels_at_server_defaults
 from tasks.losses import tsa_cross_entropy, tsa_threshold
 
 
@@ -15,22 +14,9 @@ class FedAvgUDA(SSFLStrategy):
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        return deep_merge(
-            SERVER_SCHEDULE,
-            {
-                "algo": {
-                    # FedSEAL 5.2.1: confidence threshold 0.9 for the UDA baseline.
-                    "threshold": 0.9,
-                    # UDA (Xie et al. 2020) section 3.2: sharpening temperature 0.4.
-                    "temperature": 0.4,
-                    "lambda_u": 1.0,
-                    # UDA 3.2: TSA schedule; 'exp' is advised when labeled data is scarce.
-                    "tsa_schedule": "exp",
-                    "randaugment_n": 2,
-                    "randaugment_m": 10.0,
-                }
-            },
-        )
+        # FedSEAL 5.2.1: threshold 0.9; UDA (Xie et al. 2020) 3.2: sharpening temperature 0.4,
+        # and the 'exp' TSA schedule when labeled data is scarce.
+        return labels_at_server_defaults(threshold=0.9, temperature=0.4, tsa_schedule="exp")
 
     def server_update(self, server_round: int) -> dict[str, float]:
         """E_s epochs on the labeled set, ignoring samples above the TSA threshold eta_t."""

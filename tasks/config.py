@@ -213,34 +213,33 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+# Numeric keys and their smallest sensible value.
+MINIMUM: dict[str, float] = {
+    "rounds": 1,
+    "split.num_clients": 1,
+    "split.client_size": 1,
+    "server.batch_size": 1,
+    "client.batch_size": 1,
+    "eval.batch_size": 1,
+    "simulation.num_cpus": 1,
+    "server.epochs": 0,
+    "server.bootstrap_epochs": 0,
+    "client.epochs": 0,
+    "split.val_size": 0,
+    "split.labeled_per_class": 0,
+    "split.client_labeled_per_class": 0,
+    "split.test_size": 0,
+    "client.proximal_mu": 0,
+    "federation.clients_per_round": 0,
+    "simulation.num_gpus": 0,
+}
+
+
 def _check_ranges(cfg: Mapping[str, Any]) -> None:
     """Values that have the right type but make no sense."""
-    positive = [
-        "rounds",
-        "split.num_clients",
-        "split.client_size",
-        "server.batch_size",
-        "client.batch_size",
-        "eval.batch_size",
-        "simulation.num_cpus",
-    ]
-    for key in positive:
-        if _get(cfg, key) < 1:
-            raise ConfigError(f"config key '{key}': must be >= 1, got {_get(cfg, key)}")
-    non_negative = [
-        "server.epochs",
-        "server.bootstrap_epochs",
-        "client.epochs",
-        "split.val_size",
-        "split.labeled_per_class",
-        "split.client_labeled_per_class",
-        "client.proximal_mu",
-        "federation.clients_per_round",
-        "simulation.num_gpus",
-    ]
-    for key in non_negative:
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"config key '{key}': must be >= 0, got {_get(cfg, key)}")
+    for key, low in MINIMUM.items():
+        if _get(cfg, key) < low:
+            raise ConfigError(f"config key '{key}': must be >= {low}, got {_get(cfg, key)}")
     if not 0.0 <= cfg["split"]["target_r"] <= 1.0:
         raise ConfigError(
             f"config key 'split.target_r': must be in [0, 1], got {cfg['split']['target_r']}"

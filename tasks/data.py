@@ -241,6 +241,47 @@ def make_synthetic(
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
+# name: (torchvision class, mean, std, flip, train kwargs, test kwargs, classes)
+TORCHVISION_SPECS: dict[str, tuple] = {
+    "cifar10": ("CIFAR10", CIFAR_MEAN, CIFAR_STD, True, {"train": True}, {"train": False}, 10),
+    "cifar100": (
+        "CIFAR100",
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+        True,
+        {"train": True},
+        {"train": False},
+        100,
+    ),
+    "svhn": (
+        "SVHN",
+        (0.4377, 0.4438, 0.4728),
+        (0.1980, 0.2010, 0.1970),
+        False,
+        {"split": "train"},
+        {"split": "test"},
+        10,
+    ),
+    "emnist_balanced": (
+        "EMNIST",
+        (0.1751,),
+        (0.3332,),
+        False,
+        {"split": "balanced", "train": True},
+        {"split": "balanced", "train": False},
+        47,
+    ),
+    "stl10": (
+        "STL10",
+        (0.4467, 0.4398, 0.4066),
+        (0.2603, 0.2566, 0.2713),
+        True,
+        {"split": "train"},
+        {"split": "test"},
+        10,
+    ),
+}
+
 DATASETS: dict[str, Callable[[DatasetRequest], Dataset]] = {
     "fashion_mnist": _idx_loader(
         "fashion_mnist",
@@ -251,49 +292,7 @@ DATASETS: dict[str, Callable[[DatasetRequest], Dataset]] = {
         flip=True,
     ),
     "mnist": _idx_loader("mnist", ("mnist", "MNIST/raw", "."), "MNIST", 0.1307, 0.3081, flip=False),
-    "cifar10": _torchvision_loader(
-        "cifar10", "CIFAR10", CIFAR_MEAN, CIFAR_STD, True, {"train": True}, {"train": False}, 10
-    ),
-    "cifar100": _torchvision_loader(
-        "cifar100",
-        "CIFAR100",
-        (0.5071, 0.4865, 0.4409),
-        (0.2673, 0.2564, 0.2762),
-        True,
-        {"train": True},
-        {"train": False},
-        100,
-    ),
-    "svhn": _torchvision_loader(
-        "svhn",
-        "SVHN",
-        (0.4377, 0.4438, 0.4728),
-        (0.1980, 0.2010, 0.1970),
-        False,
-        {"split": "train"},
-        {"split": "test"},
-        10,
-    ),
-    "emnist_balanced": _torchvision_loader(
-        "emnist_balanced",
-        "EMNIST",
-        (0.1751,),
-        (0.3332,),
-        False,
-        {"split": "balanced", "train": True},
-        {"split": "balanced", "train": False},
-        47,
-    ),
-    "stl10": _torchvision_loader(
-        "stl10",
-        "STL10",
-        (0.4467, 0.4398, 0.4066),
-        (0.2603, 0.2566, 0.2713),
-        True,
-        {"split": "train"},
-        {"split": "test"},
-        10,
-    ),
+    **{name: _torchvision_loader(name, *spec) for name, spec in TORCHVISION_SPECS.items()},
     "synthetic28": lambda req: make_synthetic(28, req.synthetic_train, req.synthetic_test, 1),
     "synthetic32": lambda req: make_synthetic(32, req.synthetic_train, req.synthetic_test, 3),
 }

@@ -6,7 +6,7 @@ normalises them with the dataset's mean and std, so callers never do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -173,3 +173,19 @@ def build_model(
     """A registered model behind a Normalize layer: model[0] normalises, model[1] is the net."""
     net = MODELS[name](in_channels, num_classes, image_size, norm=norm)
     return nn.Sequential(Normalize(mean, std), net)
+
+
+def model_for(mcfg: Mapping[str, str], data) -> nn.Sequential:
+    """The experiment's model (``model`` config section) for a dataset-like object.
+
+    ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData).
+    """
+    return build_model(
+        mcfg["name"],
+        data.channels,
+        data.num_classes,
+        data.image_size,
+        mcfg["norm"],
+        data.mean,
+        data.std,
+    )
