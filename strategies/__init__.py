@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from client_app.base import ClientHalf
+from client_app.fedseal import FedSEALClient
 from client_app.fixmatch import FixMatchClient
 from client_app.supervised import SupervisedClient
 from client_app.uda import UDAClient
 from strategies.base import SSFLStrategy
 from strategies.fedavg_sl import FedAvgSL, FedProxSL
+from strategies.fedseal import FedSEAL
 from strategies.fixmatch import FedAvgFixMatch
 from strategies.server_sl import ServerSL
 from strategies.uda import FedAvgUDA
@@ -29,4 +31,5 @@ METHODS: dict[str, Method] = {
     "fedprox_sl": Method(FedProxSL, SupervisedClient),
     "fedavg_fixmatch": Method(FedAvgFixMatch, FixMatchClient),
     "fedavg_uda": Method(FedAvgUDA, UDAClient),
+    "fedseal": Method(FedSEAL, FedSEALClient),
 }

@@ -56,3 +56,56 @@ def test_server_sl_sends_nothing(synthetic_raw):
     grid = InProcessGrid(3)
     rows = run({**synthetic_raw, "method": "server_sl"}, grid)
     assert grid.sent == [] and rows[-1]["bytes_s2c"] == 0 and rows[-1]["clients"] == 0
+
+
+def fedseal_raw(synthetic_raw: dict, **algo) -> dict:
+    return {
+        **synthetic_raw,
+        "method": "fedseal",
+        "rounds": 3,
+        "server": {"bootstrap_epochs": 1, "epochs": 1, "lr": 0.01},
+        "client": {"lr": 0.01},
+        "algo": algo,
+    }
+
+
+def test_fedseal_ensemble_persists_in_context_state(synthetic_raw):
+    grid = InProcessGrid(3)
+    rows = run(fedseal_raw(synthetic_raw), grid)
+    for ctx in grid.contexts.values():
+        record = ctx.state["fedseal"]
+        assert int(record["count"].numpy()) == 3
+        ens = torch.from_numpy(record["ensemble"].numpy())
+        assert ens.shape == (200, 10) and torch.allclose(ens.sum(dim=1), torch.ones(200), atol=1e-5)
+    assert [r["ensemble_size"] for r in rows] == [1.0, 2.0, 3.0]
+    assert len(rows[-1]["tau"]) == 10
+    assert 0 <= rows[-1]["positive_fraction"] + rows[-1]["negative_fraction"] <= 1.0
+
+
+def test_fedseal_unsampled_rounds_do_not_grow_the_ensemble(synthetic_raw):
+    raw = fedseal_raw(synthetic_raw)
+    raw["federation"] = {"clients_per_round": 1}
+    grid = InProcessGrid(3)
+    run(raw, grid)
+    counts = sorted(
+        int(c.state["fedseal"]["count"].numpy())
+        for c in grid.contexts.values()
+        if "fedseal" in c.state
+    )
+    assert sum(counts) == 3  # one participation per round, whoever was sampled
+
+
+def test_fedseal_ablations_switch_parts_off(synthetic_raw):
+    grid = InProcessGrid(3)
+    rows = run(
+        fedseal_raw(
+            synthetic_raw,
+            self_ensemble=False,
+            negative_learning=False,
+            classwise_threshold=False,
+            fixed_threshold=0.7,
+        ),
+        grid,
+    )
+    assert all("fedseal" not in c.state for c in grid.contexts.values())
+    assert rows[-1]["negative_fraction"] == 0.0 and rows[-1]["tau"] == [0.7] * 10

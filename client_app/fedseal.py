@@ -1,0 +1,107 @@
+"""FedSEAL's client half: self-ensemble filtering and positive/negative learning (eq. 7-16).
+
+The ensemble is a running mean of the class probabilities of every global model
+this client has received (eq. 8); it lives in the node's ``context.state`` and is
+updated once per round in which the client is sampled. Rounds in which the client
+is not sampled add nothing: the mean is over the models it actually received, so
+``t`` in eq. 7-8 counts the client's own participations, not the server's rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord
+
+from client_app.base import ClientHalf
+from tasks.selfensemble import (
+    complementary_labels,
+    lambda_ramp,
+    negative_loss,
+    positive_loss,
+    positive_set,
+    update_ensemble,
+)
+from tasks.train import minibatches, predict_logits
+
+STATE_KEY = "fedseal"
+
+
+class FedSEALClient(ClientHalf):
+    """Local training on D+ (strong view, cross-entropy) and D- (complementary labels)."""
+
+    def ensemble(self, probs: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Update the stored self-ensemble with this round's predictions (eq. 8)."""
+        if not self.algo["self_ensemble"]:
+            return probs, 1
+        previous, count = None, 0
+        if STATE_KEY in self.state:
+            record = self.state[STATE_KEY]
+            previous = record["ensemble"].numpy()
+            count = int(record["count"].numpy())
+            previous = torch.from_numpy(previous).to(probs.device)
+        count += 1
+        ensemble = update_ensemble(previous, probs, count)
+        self.state[STATE_KEY] = ArrayRecord(
+            {"ensemble": ensemble.cpu(), "count": torch.tensor(count)}
+        )
+        return ensemble, count
+
+    def train(self) -> dict[str, float]:
+        d, algo = self.data, self.algo
+        tau = self.content["tau"]["tau"].numpy()
+        tau = torch.from_numpy(tau).to(self.device)
+        logits = predict_logits(self.model, d.x, self.cfg["eval"]["batch_size"])
+        ensemble, count = self.ensemble(torch.softmax(logits, dim=1))
+        pos_labels, pos = positive_set(ensemble, tau)
+        neg_labels, neg = complementary_labels(ensemble, pos, algo["theta"], self.generator)
+        if not algo["negative_learning"]:
+            neg = torch.zeros_like(pos)
+        lam = lambda_ramp(
+            self.round, algo["lambda_start"], algo["lambda_end"], algo["lambda_ramp_rounds"]
+        )
+        loss_sum, steps = self.local_epochs(pos, pos_labels, neg, neg_labels, lam)
+        return {
+            "train_loss": loss_sum / max(steps, 1),
+            "positive_fraction": float(pos.float().mean()),
+            "negative_fraction": float(neg.float().mean()),
+            "pseudo_label_accuracy": accuracy_on(pos_labels == d.true_y, pos),
+            "complementary_label_accuracy": accuracy_on(neg_labels != d.true_y, neg),
+            "ensemble_size": float(count),
+            "lambda": lam,
+        }
+
+    def local_epochs(self, pos, pos_labels, neg, neg_labels, lam) -> tuple[float, int]:
+        """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16).
+
+        Each batch of the local data contributes the mean loss of its positives (strong
+        view) and of its negatives (plain view); batches with neither are skipped.
+        """
+        d, ccfg = self.data, self.cfg["client"]
+        _, strong = self.augmenters()
+        opt = self.optimizer()
+        self.model.train()
+        total, steps = 0.0, 0
+        for _ in range(ccfg["epochs"]):
+            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator):
+                idx = idx.to(d.x.device)
+                p_idx, n_idx = idx[pos[idx]], idx[neg[idx]]
+                if len(p_idx) + len(n_idx) == 0:
+                    continue
+                logits = self.model(torch.cat([strong(d.x[p_idx]), d.x[n_idx]]))
+                loss = logits.new_zeros(())
+                if len(p_idx):
+                    loss = loss + lam * positive_loss(logits[: len(p_idx)], pos_labels[p_idx])
+                if len(n_idx):
+                    loss = loss + negative_loss(logits[len(p_idx) :], neg_labels[n_idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+                steps += 1
+        return total, steps
+
+
+def accuracy_on(correct: torch.Tensor, mask: torch.Tensor) -> float:
+    """Fraction of ``correct`` among the masked samples (0 when the mask is empty)."""
+    n = int(mask.sum())
+    return float((correct & mask).sum()) / n if n else 0.0

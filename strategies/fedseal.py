@@ -1,0 +1,67 @@
+"""FedSEAL's server half (Bian et al.): bootstrap, server training, class-wise thresholds.
+
+Every round: average the clients' models (eq. 2), E_s epochs of SGD on the labeled
+set with weak augmentation (eq. 3-4), then the class-wise thresholds tau on the
+validation set (eq. 5), sent to the next round's clients with the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord
+
+from strategies.base import SSFLStrategy
+from tasks.selfensemble import class_thresholds
+from tasks.train import predict_logits
+
+
+class FedSEAL(SSFLStrategy):
+    """Server half of FedSEAL; the client half keeps the self-ensemble in context.state."""
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {
+            # FedSEAL 5.2.1: server and client lr 0.001, decay 0.995 per round, momentum 0.9.
+            # 4.1.3: bootstrap on the labeled set (epochs not given: ours).
+            "server": {"bootstrap_epochs": 20, "epochs": 2, "lr": 0.001, "lr_decay": 0.995},
+            "client": {"lr": 0.001, "lr_decay": 0.995},
+            "algo": {
+                "theta": 0.05,  # 5.2.1: complementary threshold theta of eq. 11
+                # eq. 13: lambda grows over rounds (no formula given): linear ramp, ours.
+                "lambda_start": 0.1,
+                "lambda_end": 1.0,
+                "lambda_ramp_rounds": 20,
+                # Ablations (5.2.3-5.2.5): self-ensemble, negative learning, class-wise tau.
+                "self_ensemble": True,
+                "negative_learning": True,
+                "classwise_threshold": True,
+                "fixed_threshold": 0.9,  # used when classwise_threshold is false
+                # 4.2.3: RandAugment as the strong augmentation A(.) of eq. 14.
+                "randaugment_n": 2,
+                "randaugment_m": 10.0,
+            },
+        }
+
+    def thresholds(self) -> torch.Tensor:
+        """tau of eq. 5 with the current global model (or one fixed value for all classes)."""
+        algo, srv = self.cfg["algo"], self.server
+        k = srv.dataset.num_classes
+        if not algo["classwise_threshold"]:
+            return torch.full((k,), algo["fixed_threshold"])
+        logits = predict_logits(srv.model, srv.val_x, self.cfg["eval"]["batch_size"])
+        return class_thresholds(torch.softmax(logits, dim=1), srv.val_y, k).cpu()
+
+    def bootstrap(self) -> None:
+        super().bootstrap()
+        self.tau = self.thresholds()
+
+    def server_update(self, server_round: int) -> dict[str, float]:
+        out = super().server_update(server_round)
+        self.tau = self.thresholds()
+        self.round_metrics["tau"] = [round(float(t), 4) for t in self.tau]
+        return out
+
+    def client_extras(self, server_round: int, pid: int) -> dict[str, Any]:
+        return {"tau": ArrayRecord({"tau": self.tau.float()})}
