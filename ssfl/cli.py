@@ -75,7 +75,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from ssfl.reproduce import reproduce
+    from ssfl.runner import RunFailed
+
+    try:
+        print(reproduce(args.table, Path(args.out), args.rounds, args.set or []))
+    except RunFailed as err:
+        print(f"ssfl: reproduce failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from ssfl.reproduce import TABLES
+
     parser = argparse.ArgumentParser(prog="ssfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -101,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("runs", nargs="+", help="run folders (or results.json files)")
     cmp_.add_argument("--plot", default="compare.png", help="where to write the plot")
     cmp_.set_defaults(func=cmd_compare)
+
+    rep = sub.add_parser("reproduce", help="run a paper table and write ours beside the paper's")
+    rep.add_argument("table", choices=sorted(TABLES))
+    rep.add_argument("--rounds", type=int, help="rounds of every cell (default: the experiments')")
+    rep.add_argument("--out", required=True, help="folder for the cells, table.md, accuracy.png")
+    rep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
+    rep.set_defaults(func=cmd_reproduce)
     return parser
 
 

@@ -111,7 +111,8 @@ def partition_class_counts(
             weights[k % num_classes] += target
         else:
             raise ConfigError(f"config key 'split.partitioner': unknown {partitioner!r}")
-        rows.append(round_counts(weights, client_size))
+        # Rotate tie-breaks so the rounding remainder does not always hit the same classes.
+        rows.append(np.roll(round_counts(np.roll(weights, -k), client_size), k))
     return np.stack(rows)
 
 
