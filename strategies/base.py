@@ -287,13 +287,14 @@ class SSFLStrategy(Strategy):
 
     def discover(self, grid: Grid, timeout: float) -> dict[int, int]:
         """Ask every node for its partition id (a QUERY round); wait for enough nodes."""
-        wanted = max(self.cfg["federation"]["min_clients"], 1)
+        fed = self.cfg["federation"]
+        wanted = fed["min_clients"] or self.cfg["split"]["num_clients"]
         deadline = time.monotonic() + timeout
         while len(list(grid.get_node_ids())) < wanted:
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"only {len(list(grid.get_node_ids()))} nodes connected, "
-                    f"{wanted} needed (federation.min_clients)"
+                    f"{wanted} needed (federation.min_clients, 0 = split.num_clients)"
                 )
             time.sleep(0.5)
         messages = [

@@ -67,7 +67,8 @@ DEFAULTS: dict[str, Any] = {
         "batch_size": 32,
         "proximal_mu": 0.0,
     },
-    "federation": {"clients_per_round": 0, "min_clients": 1, "timeout_s": 3600.0},
+    # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes.
+    "federation": {"clients_per_round": 0, "min_clients": 0, "timeout_s": 3600.0},
     "simulation": {"num_cpus": 1, "num_gpus": 0.0},
     "eval": {"batch_size": 500},
     # Weak view: flip + shift by up to this fraction of the side (FixMatch: 0.125).
@@ -231,6 +232,7 @@ MINIMUM: dict[str, float] = {
     "split.test_size": 0,
     "client.proximal_mu": 0,
     "federation.clients_per_round": 0,
+    "federation.min_clients": 0,
     "simulation.num_gpus": 0,
 }
 
