@@ -104,3 +104,26 @@ def test_cli_missing_experiment_exits_2():
         timeout=120,
     )
     assert proc.returncode == 2 and "experiment file not found" in proc.stderr
+
+
+def test_cli_missing_data_exits_2_naming_the_folder(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ssfl.cli",
+            "run",
+            str(ROOT / "experiments/fmnist-las/server_sl.yaml"),
+            "--set",
+            f"dataset.root={tmp_path}",
+            "--set",
+            "dataset.download=false",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path) in lines[0] and "fashion_mnist not found" in lines[0]
