@@ -59,8 +59,13 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
     if method == "server_sl":
         assert res["rounds"][-1]["bytes_c2s"] == 0
     else:
-        assert res["rounds"][-1]["clients"] == 3
-        assert res["rounds"][-1]["bytes_c2s"] == res["rounds"][-1]["bytes_s2c"] > 0
+        last = res["rounds"][-1]
+        assert last["clients"] == 3 and last["bytes_c2s"] > 0
+        extra = last["bytes_s2c"] - last["bytes_c2s"]  # what the server sends beyond the model
+        if method == "fedseal":
+            assert 0 < extra < 3 * 1000  # tau: 10 float32 per client, plus array headers
+        else:
+            assert extra == 0
 
 
 def test_one_round_on_real_fashion_mnist(tmp_path, data_dir):
