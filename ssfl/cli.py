@@ -40,11 +40,12 @@ def default_out(cfg: dict[str, Any]) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ssfl.runner import RunFailed, run_simulation
+    from ssfl.runner import RunFailed, run_simulation, toml_str
 
     cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
-    summary = check_data(cfg)
     out = Path(args.out) if args.out else default_out(cfg)
+    toml_str(str(out.resolve()))  # a path Flower's run-config cannot carry fails here
+    summary = check_data(cfg)
     print(
         f"ssfl: {cfg['method']} on {cfg['dataset']['name']} ({summary['partitioner']}, "
         f"R={summary['noniid_r']:.3f}), {cfg['split']['num_clients']} clients, "

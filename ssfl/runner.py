@@ -144,7 +144,15 @@ def write_resolved(cfg: Mapping[str, Any], out: Path) -> Path:
 
 
 def toml_str(value: str) -> str:
-    return "'" + value.replace("'", "") + "'"
+    """A TOML literal string for --run-config (paths with a single quote cannot be one)."""
+    if "'" in value:
+        from tasks.config import ConfigError
+
+        raise ConfigError(
+            f"path {value!r} contains a single quote, which Flower's run-config "
+            "cannot carry; choose another folder"
+        )
+    return f"'{value}'"
 
 
 def run_status(link: LocalSuperLink, run_id: str) -> str:

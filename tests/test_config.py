@@ -74,56 +74,40 @@ def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
 
 
-def test_cli_misspelled_key_exits_2_with_one_line():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ssfl.cli",
-            "run",
-            str(ROOT / "experiments/fmnist-las/server_sl.yaml"),
-            "--set",
-            "clinet.lr=0.1",
-        ],
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ssfl.cli", "run", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
     )
+
+
+SERVER_SL = str(ROOT / "experiments/fmnist-las/server_sl.yaml")
+
+
+def test_cli_misspelled_key_exits_2_with_one_line():
+    proc = run_cli(SERVER_SL, "--set", "clinet.lr=0.1")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown config key 'clinet'" in lines[0]
 
 
 def test_cli_missing_experiment_exits_2():
-    proc = subprocess.run(
-        [sys.executable, "-m", "ssfl.cli", "run", "nope.yaml"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    proc = run_cli("nope.yaml")
     assert proc.returncode == 2 and "experiment file not found" in proc.stderr
 
 
 def test_cli_missing_data_exits_2_naming_the_folder(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ssfl.cli",
-            "run",
-            str(ROOT / "experiments/fmnist-las/server_sl.yaml"),
-            "--set",
-            f"dataset.root={tmp_path}",
-            "--set",
-            "dataset.download=false",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
+    proc = run_cli(
+        SERVER_SL, "--set", f"dataset.root={tmp_path}", "--set", "dataset.download=false"
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path) in lines[0] and "fashion_mnist not found" in lines[0]
+
+
+def test_cli_out_path_with_a_quote_is_refused(tmp_path):
+    proc = run_cli(SERVER_SL, "--out", str(tmp_path / "it's"))
+    assert proc.returncode == 2 and "single quote" in proc.stderr
