@@ -1,8 +1,9 @@
 """The server half every method shares: round loop, sampling, FedAvg, server training.
 
 A method subclasses :class:`SSFLStrategy` and overrides the hooks it needs:
-``client_extras`` (more records per client message), ``aggregate_arrays``,
-``server_update`` (the supervised step on the labeled set) and ``defaults``.
+``client_arrays`` (a per-client model), ``client_extras`` (more records per client
+message), ``aggregate_arrays``, ``server_update`` (the supervised step on the labeled
+set) and ``defaults``.
 The round is: clients train from the current global model -> aggregate ->
 server update -> test evaluation -> one results row.
 """
@@ -151,7 +152,10 @@ class SSFLStrategy(Strategy):
         messages = []
         for pid in self.sample_partitions(server_round):
             content = RecordDict(
-                {"arrays": arrays, "config": self.client_config(server_round, pid)}
+                {
+                    "arrays": self.client_arrays(server_round, pid, arrays),
+                    "config": self.client_config(server_round, pid),
+                }
             )
             for key, record in self.client_extras(server_round, pid).items():
                 content[key] = record
@@ -209,6 +213,10 @@ class SSFLStrategy(Strategy):
                 "ssfl-config": self.config_json,
             }
         )
+
+    def client_arrays(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The model one client starts from: the global model unless a method sends its own."""
+        return arrays
 
     def client_extras(self, server_round: int, pid: int) -> dict[str, Any]:
         """More records for one client's message (thresholds, helpers, ...)."""
