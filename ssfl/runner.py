@@ -61,6 +61,9 @@ class LocalSuperLink:
         http_port, control_port = free_port(), free_port()
         env = {
             **os.environ,
+            # Flower starts flower-superexec and flwr-serverapp by name: find ours first,
+            # also when this environment is not activated.
+            "PATH": os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]),
             "FLWR_HOME": str(home),
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -104,12 +107,16 @@ class LocalSuperLink:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RunFailed(
-                    f"flower-superlink exited with {self.process.returncode}; see {log_file}"
+                    f"flower-superlink exited with {self.process.returncode}; "
+                    f"see superlink.log in the output folder"
                 )
             if self._healthy():
                 return
             time.sleep(0.2)
-        raise RunFailed(f"flower-superlink did not start within {timeout:.0f}s; see {log_file}")
+        raise RunFailed(
+            f"flower-superlink did not start within {timeout:.0f}s; "
+            "see superlink.log in the output folder"
+        )
 
     def _healthy(self) -> bool:
         import httpx
@@ -206,7 +213,14 @@ def run_simulation(
         return json.loads(results.read_text())
     finally:
         link.stop()
+        keep_log(home / "superlink.log", out)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def keep_log(log_file: Path, out: Path) -> None:
+    """Keep the SuperLink's log beside the results (its scratch home is removed)."""
+    if log_file.is_file():
+        shutil.copyfile(log_file, out / "superlink.log")
 
 
 def _run_logged(cmd: list[str], env: Mapping[str, str], log_path: Path, echo: bool) -> str:

@@ -123,6 +123,10 @@ class SSFLStrategy(Strategy):
         """Method-specific defaults merged over tasks.config.DEFAULTS (algo keys included)."""
         return {}
 
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        """Raise ConfigError for method-specific values that make no sense."""
+
     def __init__(self, server: ServerSide, on_round: Callable[[dict[str, Any]], None]):
         self.server = server
         self.cfg = server.cfg

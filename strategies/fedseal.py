@@ -13,6 +13,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from strategies.base import SSFLStrategy
+from tasks.config import ConfigError
 from tasks.selfensemble import class_thresholds
 from tasks.train import predict_logits
 
@@ -38,20 +39,33 @@ class FedSEAL(SSFLStrategy):
                 "negative_learning": True,
                 "classwise_threshold": True,
                 "fixed_threshold": 0.9,  # used when classwise_threshold is false
+                # Eq. 5 exceeds 1 for a class the model over-predicts (the paper states
+                # tau in [0, 1]); tau is clipped to tau_max (1.0: the paper's range).
+                "tau_max": 1.0,
                 # 4.2.3: RandAugment as the strong augmentation A(.) of eq. 14.
                 "randaugment_n": 2,
                 "randaugment_m": 10.0,
             },
         }
 
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        algo = cfg["algo"]
+        for key in ("theta", "fixed_threshold", "tau_max", "lambda_start", "lambda_end"):
+            if not 0.0 <= algo[key] <= 1.0:
+                raise ConfigError(f"config key 'algo.{key}': must be in [0, 1], got {algo[key]}")
+        if algo["lambda_ramp_rounds"] < 0:
+            raise ConfigError("config key 'algo.lambda_ramp_rounds': must be >= 0")
+
     def thresholds(self) -> torch.Tensor:
-        """tau of eq. 5 with the current global model (or one fixed value for all classes)."""
+        """tau of eq. 5 with the current global model, clipped to tau_max (or one fixed value)."""
         algo, srv = self.cfg["algo"], self.server
         k = srv.dataset.num_classes
         if not algo["classwise_threshold"]:
             return torch.full((k,), algo["fixed_threshold"])
         logits = predict_logits(srv.model, srv.val_x, self.cfg["eval"]["batch_size"])
-        return class_thresholds(torch.softmax(logits, dim=1), srv.val_y, k).cpu()
+        tau = class_thresholds(torch.softmax(logits, dim=1), srv.val_y, k)
+        return tau.clamp(max=algo["tau_max"]).cpu()
 
     def bootstrap(self) -> None:
         super().bootstrap()

@@ -211,6 +211,7 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
         if value not in allowed:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {', '.join(allowed)}")
     _check_ranges(cfg)
+    METHODS[method].strategy.check_config(cfg)
     return cfg
 
 

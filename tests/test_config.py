@@ -39,6 +39,9 @@ def test_algo_keys_are_per_method():
         ({"dataset": {"name": "imagenet"}}, r"'dataset.name'.*fashion_mnist"),
         ({"rounds": 0}, r"'rounds': must be >= 1"),
         ({"split": {"target_r": 1.5}}, r"target_r"),
+        ({"method": "fedseal", "algo": {"theta": 1.5}}, r"'algo.theta': must be in \[0, 1\]"),
+        ({"method": "fedseal", "algo": {"tau_max": -0.1}}, r"'algo.tau_max'"),
+        ({"method": "fedseal", "algo": {"lambda_ramp_rounds": -1}}, r"lambda_ramp_rounds"),
     ],
 )
 def test_bad_values_are_one_line_errors(raw, pattern):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from strategies import METHODS
@@ -109,3 +110,9 @@ def test_fedseal_ablations_switch_parts_off(synthetic_raw):
     )
     assert all("fedseal" not in c.state for c in grid.contexts.values())
     assert rows[-1]["negative_fraction"] == 0.0 and rows[-1]["tau"] == [0.7] * 10
+
+
+def test_fedseal_tau_is_clipped_to_tau_max(synthetic_raw):
+    rows = run(fedseal_raw(synthetic_raw, tau_max=0.3), InProcessGrid(3))
+    assert all(0.0 <= t <= 0.3 for r in rows for t in r["tau"])
+    assert max(t for r in rows for t in r["tau"]) == pytest.approx(0.3)
