@@ -1,17 +1,20 @@
 """``ssfl reproduce TABLE``: run a paper table's cells and write our numbers beside the paper's.
 
-Each cell is an experiment plus the column's overrides; finished cells (a results.json
-in their folder) are reused, so an interrupted reproduction resumes where it stopped.
+Each cell is an experiment plus the column's overrides; a finished cell (a results.json
+in its folder made with the same resolved config) is reused, so an interrupted
+reproduction resumes where it stopped; a cell whose config changed is run again.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ssfl.runner import run_simulation
+from tasks.config import flatten
 from tasks.results import load_results, plot_curves
 
 
@@ -65,12 +68,26 @@ def cell_dir(out: Path, row: Row, column: str) -> Path:
 def run_cell(row: Row, overrides: list[str], rounds: int | None, out: Path) -> dict[str, Any]:
     from ssfl.cli import check_data, resolve_experiment
 
-    if (out / "results.json").is_file():
-        return load_results(out)
     cfg = resolve_experiment(row.experiment, rounds, None, overrides)
+    if (out / "results.json").is_file():
+        previous = load_results(out)
+        if same_config(previous.get("config", {}), cfg):
+            return previous
+        print(f"ssfl reproduce: {out} was made with another config; running again", file=sys.stderr)
     check_data(cfg)
     print(f"ssfl reproduce: {row.label} -> {out}", file=sys.stderr)
     return run_simulation(cfg, out, stream=False)
+
+
+def same_config(recorded: dict[str, Any], cfg: dict[str, Any]) -> bool:
+    """Whether a results.json's config is this cell's config (the data folder aside)."""
+
+    def comparable(c: dict[str, Any]) -> dict[str, Any]:
+        flat = flatten(json.loads(json.dumps(c)))
+        flat.pop("dataset.root", None)
+        return flat
+
+    return comparable(recorded) == comparable(cfg)
 
 
 def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> str:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+import ssfl.reproduce
+from ssfl.cli import resolve_experiment
 from ssfl.reproduce import TABLES, cell_dir, reproduce
 
 
-def fake_results(acc: float, rounds: int = 3) -> dict:
+def fake_results(acc: float, rounds: int = 3, config: dict | None = None) -> dict:
     rows = [{"round": r, "test_accuracy": acc - 0.01 * (rounds - r)} for r in range(1, rounds + 1)]
     return {
         "method": "m",
@@ -15,26 +19,51 @@ def fake_results(acc: float, rounds: int = 3) -> dict:
         "rounds": rows,
         "final_test_accuracy": acc,
         "best_test_accuracy": acc,
+        "config": config or {},
     }
+
+
+def write_table_cells(out, accs: dict[str, float]) -> None:
+    """A results.json in every cell of fedseal-table1, made with the cell's own config."""
+    table = TABLES["fedseal-table1"]
+    for column, overrides in table.columns.items():
+        for row in table.rows:
+            folder = cell_dir(out, row, column)
+            folder.mkdir(parents=True)
+            cfg = resolve_experiment(row.experiment, None, None, overrides)
+            (folder / "results.json").write_text(json.dumps(fake_results(accs[row.label], 3, cfg)))
+
+
+ACCS = {
+    "Server-SL": 0.80,
+    "FedAvg-SL": 0.86,
+    "FedAvg-FixMatch": 0.79,
+    "FedAvg-UDA": 0.78,
+    "FedSEAL": 0.84,
+}
 
 
 def test_table_from_finished_cells(tmp_path):
-    table = TABLES["fedseal-table1"]
-    accs = {
-        "Server-SL": 0.80,
-        "FedAvg-SL": 0.86,
-        "FedAvg-FixMatch": 0.79,
-        "FedAvg-UDA": 0.78,
-        "FedSEAL": 0.84,
-    }
-    for column in table.columns:
-        for row in table.rows:
-            folder = cell_dir(tmp_path, row, column)
-            folder.mkdir(parents=True)
-            (folder / "results.json").write_text(json.dumps(fake_results(accs[row.label])))
+    write_table_cells(tmp_path, ACCS)
     text = reproduce("fedseal-table1", tmp_path, None, [])
     assert "| FedSEAL | 0.8400 | 0.8418 | 0.8400 | 0.8428 |" in text
     assert "| FedSEAL - Server-SL | +0.0400 | +0.0447 | +0.0400 | +0.0403 |" in text
     assert "after 3 rounds" in text
     assert (tmp_path / "table.md").read_text().strip() == text.strip()
     assert (tmp_path / "accuracy.png").stat().st_size > 0
+
+
+def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
+    write_table_cells(tmp_path, ACCS)
+    ran = []
+
+    def fake_run(cfg, out, stream):
+        ran.append((cfg["method"], cfg["client"]["lr"], out.name))
+        return fake_results(0.5, 3, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr("ssfl.cli.check_data", lambda cfg: cfg)
+    text = reproduce("fedseal-table1", tmp_path, None, ["client.lr=0.123"])
+    assert len(ran) == 10  # client.lr is in every cell's config, Server-SL's too
+    assert all(lr == pytest.approx(0.123) for _, lr, _ in ran)
+    assert "0.5000" in text
