@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -126,8 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM exits like Ctrl-C, so the SuperLink this command started is stopped too."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError) as err:

@@ -79,13 +79,22 @@ def run_cell(row: Row, overrides: list[str], rounds: int | None, out: Path) -> d
     return run_simulation(cfg, out, stream=False)
 
 
+# Keys that say where and how a run executes, not what it computes.
+EXECUTION_KEYS = (
+    "dataset.root",
+    "federation.min_clients",
+    "federation.timeout_s",
+    "simulation.num_cpus",
+    "simulation.num_gpus",
+)
+
+
 def same_config(recorded: dict[str, Any], cfg: dict[str, Any]) -> bool:
-    """Whether a results.json's config is this cell's config (the data folder aside)."""
+    """Whether a results.json's config is this cell's config (execution keys aside)."""
 
     def comparable(c: dict[str, Any]) -> dict[str, Any]:
         flat = flatten(json.loads(json.dumps(c)))
-        flat.pop("dataset.root", None)
-        return flat
+        return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
 
     return comparable(recorded) == comparable(cfg)
 

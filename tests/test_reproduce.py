@@ -67,3 +67,16 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
     assert len(ran) == 10  # client.lr is in every cell's config, Server-SL's too
     assert all(lr == pytest.approx(0.123) for _, lr, _ in ran)
     assert "0.5000" in text
+
+
+def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
+    from ssfl.reproduce import same_config
+
+    cfg = resolve_experiment("experiments/fmnist-las/fedseal.yaml", None, None, [])
+    moved = json.loads(json.dumps(cfg))
+    moved["dataset"]["root"] = "/elsewhere"
+    moved["federation"]["min_clients"] = 1
+    moved["simulation"]["num_gpus"] = 0.5
+    assert same_config(moved, cfg)
+    moved["algo"]["tau_max"] = 1.0
+    assert not same_config(moved, cfg)
