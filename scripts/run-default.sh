@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
-ssfl run experiments/fmnist-las/fedavg_fixmatch.yaml "$@"
+ssfl run experiments/fmnist-las/fedseal.yaml "$@"
