@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -104,3 +107,42 @@ def test_compare_prints_a_table(tmp_path, synthetic_raw):
     )
     assert proc.returncode == 0 and "| server_sl |" in proc.stdout
     assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def superlinks_started_by(pid: int) -> list[int]:
+    """The flower-superlink processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and "flower-superlink" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_the_superlink_the_run_started(tmp_path, synthetic_raw):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({**synthetic_raw, "method": "fedavg_sl", "rounds": 50}))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "ssfl.cli", "run", str(exp), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    links = superlinks_started_by(proc.pid)
+    assert len(links) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    time.sleep(1.0)
+    assert not alive(links[0])
+    assert (out / "superlink.log").stat().st_size > 0  # kept before its scratch home went
