@@ -65,7 +65,10 @@ def cell_dir(out: Path, row: Row, column: str) -> Path:
     return out / f"{slug}-{column.lower().replace('-', '')}"
 
 
-def run_cell(row: Row, overrides: list[str], rounds: int | None, out: Path) -> dict[str, Any]:
+def run_cell(
+    row: Row, overrides: list[str], rounds: int | None, out: Path, run: bool = True
+) -> dict[str, Any] | None:
+    """The cell's results: reused when made with the same config, else run (None: not run)."""
     from ssfl.cli import check_data, resolve_experiment
 
     cfg = resolve_experiment(row.experiment, rounds, None, overrides)
@@ -73,7 +76,10 @@ def run_cell(row: Row, overrides: list[str], rounds: int | None, out: Path) -> d
         previous = load_results(out)
         if same_config(previous.get("config", {}), cfg):
             return previous
-        print(f"ssfl reproduce: {out} was made with another config; running again", file=sys.stderr)
+        if run:
+            print(f"ssfl reproduce: {out} has another config's results; rerun", file=sys.stderr)
+    if not run:
+        return None
     check_data(cfg)
     print(f"ssfl reproduce: {row.label} -> {out}", file=sys.stderr)
     return run_simulation(cfg, out, stream=False)
@@ -99,31 +105,35 @@ def same_config(recorded: dict[str, Any], cfg: dict[str, Any]) -> bool:
     return comparable(recorded) == comparable(cfg)
 
 
+def final(results: dict[tuple[str, str], dict[str, Any]], label: str, column: str) -> float | None:
+    """A cell's final test accuracy (None: not run)."""
+    res = results.get((label, column))
+    return None if res is None else res["final_test_accuracy"]
+
+
+def fmt(value: float | None, spec: str) -> str:
+    """A number for the table, or "not run"."""
+    return "not run" if value is None else format(value, spec)
+
+
 def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> str:
     """Our final accuracy beside the paper's, per column; a gain line against the baseline."""
     cols = list(table.columns)
     head = "| method | " + " | ".join(f"{c} ours | {c} paper" for c in cols) + " |"
     lines = [f"### {table.title}", "", head, "|---|" + "---|---|" * len(cols)]
     for row in table.rows:
-        cells = []
-        for c in cols:
-            ours = results[(row.label, c)]["final_test_accuracy"]
-            cells.append(f"{ours:.4f} | {row.paper[c]:.4f}")
+        cells = [f"{fmt(final(results, row.label, c), '.4f')} | {row.paper[c]:.4f}" for c in cols]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     if table.baseline:
+        base = next(r for r in table.rows if r.label == table.baseline)
         for row in table.rows:
-            if row.label == table.baseline:
+            if row is base:
                 continue
             gains = []
             for c in cols:
-                ours = (
-                    results[(row.label, c)]["final_test_accuracy"]
-                    - results[(table.baseline, c)]["final_test_accuracy"]
-                )
-                paper = (
-                    row.paper[c] - next(r for r in table.rows if r.label == table.baseline).paper[c]
-                )
-                gains.append(f"{ours:+.4f} | {paper:+.4f}")
+                ours, ref = final(results, row.label, c), final(results, base.label, c)
+                gain = None if ours is None or ref is None else ours - ref
+                gains.append(f"{fmt(gain, '+.4f')} | {row.paper[c] - base.paper[c]:+.4f}")
             lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(gains) + " |")
     rounds = {len(r["rounds"]) for r in results.values()}
     lines += ["", f"Final test accuracy after {', '.join(map(str, sorted(rounds)))} rounds."]
@@ -131,14 +141,20 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
-def reproduce(name: str, out: Path, rounds: int | None, sets: list[str]) -> str:
-    """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``."""
+def reproduce(name: str, out: Path, rounds: int | None, sets: list[str], run: bool = True) -> str:
+    """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``.
+
+    With ``run=False`` nothing is run: the table shows the finished cells only.
+    """
     table = TABLES[name]
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for column, col_overrides in table.columns.items():
         for row in table.rows:
-            res = run_cell(row, [*col_overrides, *sets], rounds, cell_dir(out, row, column))
+            cell = cell_dir(out, row, column)
+            res = run_cell(row, [*col_overrides, *sets], rounds, cell, run)
+            if res is None:
+                continue
             res["name"] = f"{row.label} ({column})"
             results[(row.label, column)] = res
     text = markdown(table, results)

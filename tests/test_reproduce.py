@@ -80,3 +80,12 @@ def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
     assert same_config(moved, cfg)
     moved["algo"]["tau_max"] = 1.0
     assert not same_config(moved, cfg)
+
+
+def test_no_run_tables_the_finished_cells_only(tmp_path, monkeypatch):
+    write_table_cells(tmp_path, ACCS)
+    (cell_dir(tmp_path, TABLES["fedseal-table1"].rows[-1], "IID") / "results.json").unlink()
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    text = reproduce("fedseal-table1", tmp_path, None, [], run=False)
+    assert "| FedSEAL | 0.8400 | 0.8418 | not run | 0.8428 |" in text
+    assert "| FedSEAL - Server-SL | +0.0400 | +0.0447 | not run | +0.0403 |" in text
