@@ -20,7 +20,15 @@ from torch import nn
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.models import model_for
 from tasks.partition import get_split
-from tasks.train import derive_seed, make_sgd, resolve_device, seed_torch, to_float
+from tasks.train import (
+    derive_seed,
+    make_sgd,
+    resolve_device,
+    scheduled_lr,
+    seed_torch,
+    steps_per_round,
+    to_float,
+)
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,9 @@ def augmenters(
 class ClientHalf(ABC):
     """Local training of one client in one round."""
 
+    # Whether ``train`` honours client.local_steps and the lr_schedule (checked by the config).
+    counts_steps = False
+
     def __init__(self, content: RecordDict, state: RecordDict, partition_id: int):
         self.content = content
         self.config: ConfigRecord = content["config"]
@@ -120,7 +131,28 @@ class ClientHalf(ABC):
 
     def optimizer(self) -> torch.optim.Optimizer:
         ccfg = self.cfg["client"]
-        return make_sgd(self.model, self.lr, ccfg["momentum"], ccfg["weight_decay"])
+        return make_sgd(
+            self.model, self.lr, ccfg["momentum"], ccfg["weight_decay"], ccfg["nesterov"]
+        )
+
+    def round_steps(self, n: int | None = None) -> int:
+        """SGD steps this round: client.local_steps (T), else epochs over n (unlabeled) samples."""
+        ccfg = self.cfg["client"]
+        n = len(self.data.x) if n is None else n
+        return steps_per_round(n, ccfg["batch_size"], ccfg["epochs"], ccfg["local_steps"])
+
+    def lr_at(self, step: int, round_steps: int) -> float:
+        """The rate of local step ``step`` (cfg ``lr_schedule``; SSFL eq. 9 when cosine)."""
+        if self.cfg["lr_schedule"]["name"] == "exponential":
+            return self.lr
+        return scheduled_lr(
+            self.cfg["client"],
+            self.cfg["lr_schedule"],
+            self.cfg["rounds"],
+            self.round,
+            step,
+            round_steps,
+        )
 
     def augmenters(self) -> tuple[nn.Module, nn.Module]:
         d = self.data

@@ -3,6 +3,7 @@
 Per step: a batch of unlabeled images, its weak and strong views in one forward
 pass, the method's unlabeled loss; plus cross-entropy on a labeled batch when the
 client has labels (labels-at-client) and the FedProx term when proximal_mu > 0.
+A round is client.epochs passes, or client.local_steps SGD steps when that is > 0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from client_app.base import ClientHalf
 from tasks.losses import proximal_term
-from tasks.train import minibatches
+from tasks.train import set_lr, step_batches
 
 
 class PseudoLabelStats:
@@ -40,7 +41,13 @@ class PseudoLabelStats:
 
 
 class ConsistencyClient(ClientHalf):
-    """Local epochs over the unlabeled data with a weak/strong consistency loss."""
+    """Local epochs (or steps) over the unlabeled data with a weak/strong consistency loss."""
+
+    counts_steps = True
+
+    def views(self, xb: torch.Tensor, weak, strong) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the weak and the strong view of a batch, in one forward pass."""
+        return self.model(torch.cat([weak(xb), strong(xb)])).chunk(2)
 
     @abstractmethod
     def unlabeled_loss(
@@ -63,23 +70,25 @@ class ConsistencyClient(ClientHalf):
         mu = ccfg["proximal_mu"]
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
         stats, total, steps = PseudoLabelStats(), 0.0, 0
+        round_steps = self.round_steps()
         self.model.train()
-        for _ in range(ccfg["epochs"]):
-            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator):
-                idx = idx.to(d.x.device)
-                xb = d.x[idx]
-                logits = self.model(torch.cat([weak(xb), strong(xb)]))
-                logits_weak, logits_strong = logits.chunk(2)
-                loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)
-                loss = self.algo["lambda_u"] * loss_u
-                if len(d.labeled_x):
-                    loss = loss + self.labeled_loss(steps, weak)
-                if mu > 0:
-                    loss = loss + proximal_term(self.model, anchor, mu)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                stats.update(logits_weak, mask, d.true_y[idx])
-                total += float(loss.detach())
-                steps += 1
-        return {"train_loss": total / max(steps, 1), **stats.metrics()}
+        batches = step_batches(
+            len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
+        )
+        for idx in batches:
+            idx = idx.to(d.x.device)
+            logits_weak, logits_strong = self.views(d.x[idx], weak, strong)
+            loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)
+            loss = self.algo["lambda_u"] * loss_u
+            if len(d.labeled_x):
+                loss = loss + self.labeled_loss(steps, weak)
+            if mu > 0:
+                loss = loss + proximal_term(self.model, anchor, mu)
+            set_lr(opt, self.lr_at(steps, round_steps))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            stats.update(logits_weak, mask, d.true_y[idx])
+            total += float(loss.detach())
+            steps += 1
+        return {"train_loss": total / max(steps, 1), "local_steps": steps, **stats.metrics()}

@@ -11,20 +11,25 @@ from tasks.train import supervised_epochs
 class SupervisedClient(ClientHalf):
     """The upper bound: the client's data comes with its labels (weak augmentation)."""
 
+    counts_steps = True
+
     def train(self) -> dict[str, float]:
-        d = self.data
+        d, ccfg = self.data, self.cfg["client"]
         x = torch.cat([d.x, d.labeled_x])
         y = torch.cat([d.true_y, d.labeled_y])
         weak, _ = self.augmenters()
+        round_steps = self.round_steps(len(x))
         out = supervised_epochs(
             self.model,
             x,
             y,
-            epochs=self.cfg["client"]["epochs"],
+            epochs=ccfg["epochs"],
             optimizer=self.optimizer(),
-            batch_size=self.cfg["client"]["batch_size"],
+            batch_size=ccfg["batch_size"],
             generator=self.generator,
             augment=weak,
-            proximal_mu=self.cfg["client"]["proximal_mu"],
+            proximal_mu=ccfg["proximal_mu"],
+            local_steps=ccfg["local_steps"],
+            lr_at=lambda step: self.lr_at(step, round_steps),
         )
-        return {"train_loss": out["loss"]}
+        return {"train_loss": out["loss"], "local_steps": out["steps"]}

@@ -89,6 +89,18 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ssfl.runner import RunFailed
+    from ssfl.sweep import sweep
+
+    try:
+        print(sweep(args.experiment, args.set_grid, args.set or [], args.rounds, Path(args.out)))
+    except RunFailed as err:
+        print(f"ssfl: sweep failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ssfl.reproduce import TABLES
 
@@ -127,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-run", action="store_true", help="run nothing: a table of the finished cells only"
     )
     rep.set_defaults(func=cmd_reproduce)
+
+    swp = sub.add_parser("sweep", help="run an experiment over a grid of values; table and plot")
+    swp.add_argument("experiment", help="experiment YAML")
+    swp.add_argument(
+        "--set-grid",
+        action="append",
+        required=True,
+        metavar="KEY=V1,V2,...",
+        help="values of one key to sweep (repeatable: the grid is their product)",
+    )
+    swp.add_argument("--out", required=True, help="folder for the cells, table.md and plots")
+    swp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
+    swp.add_argument("--rounds", type=int, help="rounds of every cell (default: the experiment's)")
+    swp.set_defaults(func=cmd_sweep)
     return parser
 
 

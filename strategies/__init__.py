@@ -7,13 +7,16 @@ from typing import NamedTuple
 from client_app.base import ClientHalf
 from client_app.fedseal import FedSEALClient
 from client_app.fixmatch import FixMatchClient
+from client_app.ssfl_fedavg import SSFLClient
 from client_app.supervised import SupervisedClient
 from client_app.uda import UDAClient
 from strategies.base import SSFLStrategy
 from strategies.fedavg_sl import FedAvgSL, FedProxSL
+from strategies.fedrgd import FedRGD
 from strategies.fedseal import FedSEAL
 from strategies.fixmatch import FedAvgFixMatch
 from strategies.server_sl import ServerSL
+from strategies.ssfl_fedavg import SSFLFedAvg
 from strategies.uda import FedAvgUDA
 
 
@@ -32,4 +35,6 @@ METHODS: dict[str, Method] = {
     "fedavg_fixmatch": Method(FedAvgFixMatch, FixMatchClient),
     "fedavg_uda": Method(FedAvgUDA, UDAClient),
     "fedseal": Method(FedSEAL, FedSEALClient),
+    "ssfl_fedavg": Method(SSFLFedAvg, SSFLClient),
+    "fedrgd": Method(FedRGD, SSFLClient),
 }

@@ -34,7 +34,9 @@ from tasks.train import (
     derive_seed,
     evaluate,
     make_sgd,
+    scheduled_lr,
     seed_torch,
+    steps_per_round,
     supervised_epochs,
     to_float,
 )
@@ -249,21 +251,35 @@ class SSFLStrategy(Strategy):
             out[name] = sum(w * v for w, v in vals) / total if total else 0.0
         return MetricRecord(out)
 
-    def server_lr(self, server_round: int) -> float:
-        scfg = self.cfg["server"]
-        return scfg["lr"] * scfg["lr_decay"] ** max(server_round - 1, 0)
+    def server_lr(self, server_round: int, step: int = 0, round_steps: int = 0) -> float:
+        """The server's rate at ``step`` of a round (cfg ``lr_schedule``; eq. 9 when cosine)."""
+        return scheduled_lr(
+            self.cfg["server"],
+            self.cfg["lr_schedule"],
+            self.cfg["rounds"],
+            server_round,
+            step,
+            round_steps,
+        )
 
     def server_update(self, server_round: int) -> dict[str, float]:
         """E_s epochs of SGD on the labeled set with weak augmentation (FedSEAL eq. 3-4)."""
         return self.server_train(server_round, self.cfg["server"]["epochs"])
 
     def server_train(self, server_round: int, epochs: int, loss_fn=None) -> dict[str, float]:
-        if epochs == 0 or len(self.server.labeled_x) == 0:
-            return {}
+        """``epochs`` epochs on the labeled set, or server.local_steps steps when that is > 0."""
         scfg = self.cfg["server"]
+        n = len(self.server.labeled_x)
+        round_steps = steps_per_round(n, scfg["batch_size"], epochs, scfg["local_steps"])
+        if n == 0 or round_steps == 0:
+            return {}
         gen = seed_torch(derive_seed(self.cfg["seed"], "server", server_round))
         opt = make_sgd(
-            self.server.model, self.server_lr(server_round), scfg["momentum"], scfg["weight_decay"]
+            self.server.model,
+            self.server_lr(server_round),
+            scfg["momentum"],
+            scfg["weight_decay"],
+            scfg["nesterov"],
         )
         kwargs = {"loss_fn": loss_fn} if loss_fn is not None else {}
         out = supervised_epochs(
@@ -275,9 +291,11 @@ class SSFLStrategy(Strategy):
             batch_size=scfg["batch_size"],
             generator=gen,
             augment=self.weak,
+            local_steps=scfg["local_steps"],
+            lr_at=lambda step: self.server_lr(server_round, step, round_steps),
             **kwargs,
         )
-        return {"server_loss": out["loss"]}
+        return {"server_loss": out["loss"], "server_steps": out["steps"]}
 
     def bootstrap(self) -> None:
         """Initial model trained on the server's labeled data alone (FedSEAL 4.1.3)."""

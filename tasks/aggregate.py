@@ -34,3 +34,55 @@ def weighted_average(
         else:
             out[key] = np.asarray(np.max(np.stack([u[key] for u in updates]), axis=0))
     return out
+
+
+State = Mapping[str, np.ndarray]
+
+
+def average_with_server(server: State, users: Sequence[State]) -> dict[str, np.ndarray]:
+    """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_{k in U} w_k) / (|U| + 1), equal weights."""
+    return weighted_average([server, *users], [1.0] * (len(users) + 1))
+
+
+def assign_groups(ids: Sequence[int], num_groups: int, rng: np.random.Generator) -> list[list[int]]:
+    """Shuffle ``ids`` into min(num_groups, len(ids)) groups of near-equal size (FedRGD).
+
+    Every id lands in exactly one group; each group is sorted.
+    """
+    if num_groups < 1:
+        raise ValueError("num_groups must be >= 1")
+    order = rng.permutation(np.asarray(ids, dtype=np.int64))
+    parts = np.array_split(order, min(num_groups, max(len(order), 1)))
+    return [sorted(int(i) for i in part) for part in parts]
+
+
+def group_average(
+    server: State, users: Mapping[int, State], groups: Sequence[Sequence[int]]
+) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """FedRGD, SSFL benchmark eq. 7: the server's model joins every group.
+
+    w_avg,i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1) for each group i, and
+    w_avg = sum_i w_avg,i / S. Returns ([w_avg,1, ..., w_avg,S], w_avg).
+    """
+    if not groups:
+        raise ValueError("group_average needs at least one group")
+    per_group = [average_with_server(server, [users[k] for k in group]) for group in groups]
+    overall = weighted_average(per_group, [1.0] * len(per_group))
+    return per_group, overall
+
+
+def weight_diversity(updates: Sequence[np.ndarray]) -> float:
+    """SSFL benchmark eq. 8: sum_i ||u_i||^2 / ||sum_i u_i||^2 over the users' updates u_i.
+
+    u_i = w_i - (the model user i started the round from): the accumulated local
+    gradient, so this is the gradient diversity of Yin et al. (2018): 1/n for n equal
+    updates, 1 for orthogonal ones, inf when they cancel exactly.
+    """
+    if not updates:
+        raise ValueError("weight_diversity needs at least one update")
+    flat = np.stack([np.asarray(u, dtype=np.float64).ravel() for u in updates])
+    spread = float((flat**2).sum())
+    together = float((flat.sum(axis=0) ** 2).sum())
+    if together == 0.0:
+        return 0.0 if spread == 0.0 else float("inf")
+    return spread / together

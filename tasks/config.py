@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
         "val_size": 200,
         "test_size": 3000,
         "num_clients": 10,
+        # 0 = all training images left after the server's and validation sets, split
+        # among the clients (SSFL benchmark App. A.2 for the iid and noniid_r partitioners).
         "client_size": 1200,
         "partitioner": "iid",
         "dirichlet_alpha": 0.5,
@@ -57,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
         "momentum": 0.9,
         "weight_decay": 0.0,
         "batch_size": 32,
+        "nesterov": False,
+        # T of the SSFL benchmark: SGD steps per round; 0 = count in epochs instead.
+        "local_steps": 0,
     },
     "client": {
         "epochs": 1,
@@ -66,6 +71,19 @@ DEFAULTS: dict[str, Any] = {
         "weight_decay": 0.0,
         "batch_size": 32,
         "proximal_mu": 0.0,
+        "nesterov": False,
+        "local_steps": 0,
+    },
+    # Learning rate of both halves: "exponential" = lr * lr_decay^(round - 1); "cosine" =
+    # SSFL benchmark eq. 9 per SGD step, one epoch = epoch_samples / batch_size steps,
+    # epochs 0 = the whole run (rounds x steps per round).
+    "lr_schedule": {
+        "name": "exponential",
+        "epochs": 0.0,
+        "warmup_epochs": 0.0,
+        "epoch_samples": 65536,
+        "cycles": 0.4375,
+        "floor": 0.0001,
     },
     # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes.
     "federation": {"clients_per_round": 0, "min_clients": 0, "timeout_s": 3600.0},
@@ -81,6 +99,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split.scenario": ("labels_at_server", "labels_at_client"),
     "split.partitioner": ("iid", "dirichlet", "random_classes", "fedmatch_imbalanced", "noniid_r"),
     "model.norm": ("none", "bn", "gn"),
+    "lr_schedule.name": ("exponential", "cosine"),
 }
 
 
@@ -206,6 +225,13 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"config key 'method': unknown method {method!r} (allowed: {allowed})")
     schema = deep_merge(DEFAULTS, METHODS[method].defaults())
     cfg = _validate(raw, schema, "")
+    client = METHODS[method].client
+    stepwise = cfg["client"]["local_steps"] or cfg["lr_schedule"]["name"] != "exponential"
+    if client is not None and not client.counts_steps and stepwise:
+        raise ConfigError(
+            f"method {method!r} trains its clients in epochs at one rate a round: "
+            "client.local_steps must be 0 and lr_schedule.name 'exponential'"
+        )
     for key, allowed in {**CHOICES, **_registered_choices()}.items():
         value = _get(cfg, key)
         if value not in allowed:
@@ -219,7 +245,7 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
 MINIMUM: dict[str, float] = {
     "rounds": 1,
     "split.num_clients": 1,
-    "split.client_size": 1,
+    "split.client_size": 0,
     "server.batch_size": 1,
     "client.batch_size": 1,
     "eval.batch_size": 1,
@@ -235,6 +261,12 @@ MINIMUM: dict[str, float] = {
     "federation.clients_per_round": 0,
     "federation.min_clients": 0,
     "simulation.num_gpus": 0,
+    "server.local_steps": 0,
+    "client.local_steps": 0,
+    "lr_schedule.epochs": 0,
+    "lr_schedule.warmup_epochs": 0,
+    "lr_schedule.epoch_samples": 1,
+    "lr_schedule.floor": 0,
 }
 
 
@@ -249,6 +281,12 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
         )
     if cfg["split"]["dirichlet_alpha"] <= 0:
         raise ConfigError("config key 'split.dirichlet_alpha': must be > 0")
+    sched = cfg["lr_schedule"]
+    if sched["epochs"] and sched["warmup_epochs"] >= sched["epochs"]:
+        raise ConfigError(
+            f"config key 'lr_schedule.warmup_epochs': must be < lr_schedule.epochs "
+            f"({sched['epochs']}), got {sched['warmup_epochs']}"
+        )
 
 
 def load_experiment(path: str | Path, overrides: list[str] | str | None = None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Losses of the baselines, on logits; every function returns a scalar tensor.
 
 References: FixMatch (Sohn et al. 2020, eq. 4), UDA (Xie et al. 2020, eq. 3 and
-training-signal annealing, section 3.2), FedProx (Li et al. 2020, eq. 2).
+training-signal annealing, section 3.2), FedProx (Li et al. 2020, eq. 2), the SSFL
+benchmark (Zhang, Yao et al. 2020): self-training eq. 3 and the consistency loss eq. 6.
 """
 
 from __future__ import annotations
@@ -30,6 +31,20 @@ def fixmatch_loss(
     labels, mask = confidence_mask(logits_weak, threshold)
     per_sample = F.cross_entropy(logits_strong, labels, reduction="none")
     return (per_sample * mask).mean(), mask
+
+
+# SSFL benchmark eq. 6 (CRL): pseudo-label from the weak view alpha(x) where max p >= tau,
+# cross-entropy on the strong view A(x), averaged over the whole batch; FixMatch's loss.
+crl_loss = fixmatch_loss
+
+
+def selftrain_loss(logits: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """SSFL benchmark eq. 3: mean_b 1(max p >= tau) CE(argmax p, p), p = f(alpha(x)).
+
+    Pseudo-label and prediction come from the same weakly augmented view (traditional
+    self-training): CRL with the strong view replaced by the weak one.
+    """
+    return fixmatch_loss(logits, logits, threshold)
 
 
 def uda_loss(

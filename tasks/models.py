@@ -175,6 +175,12 @@ def build_model(
     return nn.Sequential(Normalize(mean, std), net)
 
 
+def classifier_keys(model: nn.Module) -> list[str]:
+    """State-dict keys of the model's last linear layer (the classifier of SSFL eq. 8)."""
+    name = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
+    return [f"{name}.{p}" for p, _ in model.get_submodule(name).named_parameters()]
+
+
 def model_for(mcfg: Mapping[str, str], data) -> nn.Sequential:
     """The experiment's model (``model`` config section) for a dataset-like object.
 

@@ -116,6 +116,34 @@ def partition_class_counts(
     return np.stack(rows)
 
 
+def remaining_class_counts(
+    partitioner: str, num_clients: int, available: np.ndarray, target_r: float
+) -> np.ndarray:
+    """Per-client class counts that share out all ``available`` samples (client_size 0).
+
+    SSFL benchmark App. A.2: with n_i samples of class i left, Q = n / sum(n) and m_j
+    users whose main class is j (user k's main class is k mod d), a user of main class j
+    gets R n_j / m_j of class j plus (1 - R) n_i q_j / m_j of every class i. ``iid``
+    gives every user n_i / K of every class. Rounding is per class (largest remainder),
+    so no class is over-drawn; client sizes follow the classes' sizes.
+    """
+    avail = np.asarray(available, dtype=np.float64)
+    d = len(avail)
+    if partitioner == "iid":
+        frac = np.full((num_clients, d), 1.0 / num_clients)
+    else:
+        main = np.arange(num_clients) % d
+        m = np.bincount(main, minlength=d)[main]
+        q = avail / avail.sum()
+        frac = np.repeat(((1.0 - target_r) * q[main] / m)[:, None], d, axis=1)
+        frac[np.arange(num_clients), main] += target_r / m
+    columns = [
+        round_counts(frac[:, i], int(np.floor(avail[i] * frac[:, i].sum() + 1e-9)))
+        for i in range(d)
+    ]
+    return np.stack(columns, axis=1)
+
+
 def _dirichlet_partitions(
     pool: ClassPool, labels: np.ndarray, scfg, num_classes: int, seed: int
 ) -> list[np.ndarray]:
@@ -142,6 +170,26 @@ def _dirichlet_partitions(
     ]
 
 
+def _client_indices(
+    pool: ClassPool, labels: np.ndarray, scfg: Mapping[str, Any], k: int, seed: int, rng
+) -> list[np.ndarray]:
+    """Draw every client's samples from what the server and validation sets left."""
+    num_clients = scfg["num_clients"]
+    if scfg["client_size"] == 0 and scfg["partitioner"] in ("iid", "noniid_r"):
+        counts = remaining_class_counts(
+            scfg["partitioner"], num_clients, pool.available(), scfg["target_r"]
+        )
+    else:
+        if scfg["client_size"] == 0:
+            scfg = {**scfg, "client_size": int(pool.available().sum()) // num_clients}
+        if scfg["partitioner"] == "dirichlet":
+            return _dirichlet_partitions(pool, labels, scfg, k, seed)
+        counts = partition_class_counts(
+            scfg["partitioner"], num_clients, scfg["client_size"], k, scfg, rng
+        )
+    return [pool.take(row, f"client {i}") for i, row in enumerate(counts)]
+
+
 def histogram(labels: np.ndarray, idx: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(labels[idx], minlength=num_classes).astype(int).tolist()
 
@@ -154,13 +202,7 @@ def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
     pool = ClassPool(np.arange(len(labels)), labels, k, rng)
     server = pool.take(np.full(k, scfg["labeled_per_class"]), "the server labeled set")
     val = pool.take(_balanced(scfg["val_size"], k), "the validation set")
-    if scfg["partitioner"] == "dirichlet":
-        clients = _dirichlet_partitions(pool, labels, scfg, k, seed)
-    else:
-        counts = partition_class_counts(
-            scfg["partitioner"], scfg["num_clients"], scfg["client_size"], k, scfg, rng
-        )
-        clients = [pool.take(row, f"client {i}") for i, row in enumerate(counts)]
+    clients = _client_indices(pool, labels, scfg, k, seed, rng)
     clients = [rng.permutation(c) for c in clients]
     client_labeled = [
         _client_labeled(c, labels, k, scfg["client_labeled_per_class"]) for c in clients

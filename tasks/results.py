@@ -127,3 +127,32 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
             f"{res['wall_seconds']:.0f} | {mb:.2f} |"
         )
     return "\n".join(lines)
+
+
+def plot_sweep(
+    series: Mapping[str, Sequence[tuple[Any, float]]], xlabel: str, path: Path, title: str = ""
+) -> None:
+    """Final test accuracy against a swept value, one line per series.
+
+    Numeric values are placed on a numeric axis; any other values (method names) are
+    placed evenly in the order of the first series.
+    """
+    xs = [x for points in series.values() for x, _ in points]
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+    order = list(dict.fromkeys(xs))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in series.items():
+        pos = [x if numeric else order.index(x) for x, _ in points]
+        ax.plot(pos, [y for _, y in points], marker="o", label=label or None)
+    if not numeric:
+        ax.set_xticks(range(len(order)), [str(x) for x in order])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final test accuracy")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    if any(series):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +42,69 @@ def to_float(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     return images.to(device=device, dtype=torch.float32).div_(255.0)
 
 
-def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+def make_sgd(
+    model: nn.Module, lr: float, momentum: float, weight_decay: float, nesterov: bool = False
+) -> torch.optim.SGD:
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        nesterov=nesterov and momentum > 0,
+    )
+
+
+def cosine_warmup_lr(
+    step: int, base_lr: float, total_steps: float, warmup_steps: float, cycles: float, floor: float
+) -> float:
+    """SSFL benchmark App. A.3, eq. 9, with t = ``step`` (0-based SGD iteration):
+
+    gamma_t = gamma * max(cos(pi * c * (t - eM/B) / (EM/B - eM/B)), eps)
+
+    where EM/B = ``total_steps``, eM/B = ``warmup_steps``, c = ``cycles``, eps = ``floor``.
+    During the warm-up (t < eM/B) the rate rises linearly, gamma * (t + 1) / (eM/B)
+    (gradual warm-up of Goyal et al. 2017, which eq. 9 cites).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1.0)
+    return base_lr * max(math.cos(math.pi * cycles * progress), floor)
+
+
+def steps_per_round(n: int, batch_size: int, epochs: int, local_steps: int) -> int:
+    """SGD steps of one round: T = ``local_steps`` when > 0, else ``epochs`` passes over n."""
+    if local_steps > 0:
+        return local_steps
+    return epochs * math.ceil(n / batch_size) if n else 0
+
+
+def scheduled_lr(
+    half: Mapping[str, Any],
+    schedule: Mapping[str, Any],
+    rounds: int,
+    rnd: int,
+    step: int,
+    round_steps: int,
+) -> float:
+    """Learning rate of step ``step`` of round ``rnd`` for one half (``server`` or ``client``).
+
+    ``exponential``: lr * lr_decay^(rnd - 1), constant within a round. ``cosine``: eq. 9
+    over the global step t = (rnd - 1) * round_steps + step, one epoch being
+    ``epoch_samples`` / batch_size steps (M / B); ``epochs`` 0 = the whole run.
+    Round 0 (the server's bootstrap) runs at the base rate.
+    """
+    if schedule["name"] == "exponential" or rnd < 1:
+        return half["lr"] * half["lr_decay"] ** max(rnd - 1, 0)
+    epoch_steps = schedule["epoch_samples"] / half["batch_size"]
+    total = schedule["epochs"] * epoch_steps or rounds * round_steps
+    return cosine_warmup_lr(
+        (rnd - 1) * round_steps + step,
+        half["lr"],
+        total,
+        schedule["warmup_epochs"] * epoch_steps,
+        schedule["cycles"],
+        schedule["floor"],
+    )
 
 
 def minibatches(
@@ -52,6 +115,30 @@ def minibatches(
     stop = n - n % batch_size if drop_last and n >= batch_size else n
     for start in range(0, stop, batch_size):
         yield order[start : start + batch_size]
+
+
+def step_batches(
+    n: int, batch_size: int, generator: torch.Generator, epochs: int, local_steps: int = 0
+) -> Iterator[torch.Tensor]:
+    """The index batches of one round.
+
+    ``local_steps`` > 0: exactly that many batches of min(batch_size, n) samples, drawn
+    from reshuffled passes over the data (T counted in SGD steps, SSFL benchmark 3.2).
+    Otherwise ``epochs`` passes of :func:`minibatches`.
+    """
+    if local_steps <= 0:
+        for _ in range(epochs):
+            yield from minibatches(n, batch_size, generator)
+        return
+    if n == 0:
+        return
+    size, done = min(batch_size, n), 0
+    while done < local_steps:
+        for idx in minibatches(n, size, generator, drop_last=True):
+            yield idx
+            done += 1
+            if done == local_steps:
+                return
 
 
 def supervised_epochs(
@@ -66,29 +153,40 @@ def supervised_epochs(
     augment: nn.Module | None = None,
     loss_fn: LossFn = F.cross_entropy,
     proximal_mu: float = 0.0,
+    local_steps: int = 0,
+    lr_at: Callable[[int], float] | None = None,
 ) -> dict[str, float]:
     """Mini-batch SGD on (x, y) for ``epochs`` epochs (FedSEAL eq. 3-4 on the server).
 
-    With ``proximal_mu`` > 0 the FedProx term anchors the weights to their starting values.
+    With ``local_steps`` > 0 it is that many steps instead (SSFL benchmark eq. 2, T steps).
+    ``lr_at(step)`` sets the learning rate of every step (eq. 9); without it the
+    optimizer's rate is kept. With ``proximal_mu`` > 0 the FedProx term anchors the
+    weights to their starting values.
     """
     model.train()
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     total, steps = 0.0, 0
-    for _ in range(epochs):
-        for idx in minibatches(len(x), batch_size, generator):
-            idx = idx.to(x.device)
-            xb = x[idx]
-            if augment is not None:
-                xb = augment(xb)
-            loss = loss_fn(model(xb), y[idx])
-            if proximal_mu > 0:
-                loss = loss + proximal_term(model, anchor, proximal_mu)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach())
-            steps += 1
+    for idx in step_batches(len(x), batch_size, generator, epochs, local_steps):
+        idx = idx.to(x.device)
+        xb = x[idx]
+        if augment is not None:
+            xb = augment(xb)
+        loss = loss_fn(model(xb), y[idx])
+        if proximal_mu > 0:
+            loss = loss + proximal_term(model, anchor, proximal_mu)
+        if lr_at is not None:
+            set_lr(optimizer, lr_at(steps))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+        steps += 1
     return {"loss": total / max(steps, 1), "steps": float(steps)}
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 @torch.no_grad()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from strategies import METHODS
@@ -46,3 +47,63 @@ def test_resnet18_fmnist_config_resolves_with_paper_values():
     assert cfg["model"]["name"] == "resnet18"
     assert cfg["server"]["lr"] == cfg["client"]["lr"] == 0.001
     assert cfg["algo"]["theta"] == 0.05
+
+
+# The SSFL benchmark's CIFAR-10 / SVHN settings (ResNet-18 GN, T = 16, K = 10 or 20) on
+# synthetic 32x32 images: one round with one SGD step of 4 images per half.
+SSFL_SHRINK = [
+    "dataset.name=synthetic32",
+    "dataset.synthetic_train_size=600",
+    "dataset.synthetic_test_size=100",
+    "split.labeled_per_class=2",
+    "split.test_size=50",
+    "server.local_steps=1",
+    "client.local_steps=1",
+    "server.batch_size=4",
+    "client.batch_size=4",
+    "rounds=1",
+    "device=cpu",
+]
+
+
+def run_one_round(cfg: dict) -> list[dict]:
+    ds, split = get_split(cfg)
+    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    rows: list[dict] = []
+    grid = InProcessGrid(cfg["split"]["num_clients"])
+    METHODS[cfg["method"]].strategy(server, rows.append).start(grid, num_rounds=1)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "experiment, method, clients",
+    [("ssfl-cifar10/grouping_gn.yaml", "fedrgd", 10), ("ssfl-svhn/crl_gn.yaml", "ssfl_fedavg", 10)],
+)
+def test_ssfl_paper_configs_on_synthetic_32x32(experiment, method, clients):
+    cfg = load_experiment(ROOT / "experiments" / experiment, SSFL_SHRINK)
+    assert cfg["method"] == method and cfg["model"] == {"name": "resnet18", "norm": "gn"}
+    rows = run_one_round(cfg)
+    assert rows[0]["clients"] == clients and rows[0]["local_steps"] == 1.0
+    assert rows[0]["server_steps"] == 1.0 and 0.0 <= rows[0]["test_accuracy"] <= 1.0
+    assert rows[0]["weight_diversity"] >= 0.0  # eq. 8 recorded (0 when warm-up steps are tiny)
+    if method == "fedrgd":
+        assert sorted(k for g in rows[0]["groups"] for k in g) == list(range(clients))
+
+
+@pytest.mark.parametrize(
+    "experiment, k, rounds",
+    [
+        ("ssfl-cifar10/crl_gn.yaml", 10, 19200),
+        ("ssfl-cifar10/grouping_gn.yaml", 10, 19200),
+        ("ssfl-svhn/crl_gn.yaml", 10, 2560),
+        ("ssfl-svhn/grouping_gn.yaml", 20, 2560),
+    ],
+)
+def test_ssfl_paper_configs_carry_the_paper_values(experiment, k, rounds):
+    cfg = load_experiment(ROOT / "experiments" / experiment)
+    assert cfg["split"]["num_clients"] == k and cfg["rounds"] == rounds
+    assert cfg["split"]["labeled_per_class"] * 10 == 1000 and cfg["split"]["target_r"] == 0.4
+    for half in ("server", "client"):  # Table A.1 and T = 16
+        assert cfg[half]["local_steps"] == 16 and cfg[half]["batch_size"] == 64
+        assert cfg[half]["lr"] == 0.146 and cfg[half]["weight_decay"] == 0.0001
+    assert cfg["lr_schedule"]["warmup_epochs"] == 5.0 and cfg["algo"]["threshold"] == 0.95

@@ -1,0 +1,104 @@
+"""``ssfl sweep``: run one experiment over a grid of config values; a table and a plot.
+
+Each cell is the experiment with one combination of the grid's values, applied after
+the ``--set`` overrides. Every cell is resolved and its split built before any training,
+so a bad value fails first. A cell whose folder holds a results.json made with the same
+resolved config is reused; any other cell is (re)run. Writes ``DIR/table.md`` (one row
+per cell), ``DIR/sweep.png`` (final accuracy against the first grid key, one line per
+combination of the other keys) and ``DIR/accuracy.png`` (every cell's curve).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tasks.config import ConfigError, parse_scalar
+from tasks.results import load_results, markdown_table, plot_curves, plot_sweep
+
+Cell = tuple[tuple[str, Any], ...]
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
+    """["key=v1,v2", ...] -> [(key, [v1, v2]), ...], values parsed like YAML scalars."""
+    grid = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        parts = [v.strip() for v in values.split(",")]
+        if not sep or not key.strip() or not all(parts):
+            raise ConfigError(f"--set-grid '{item}' is not of the form key=v1,v2,...")
+        if any(key.strip() == k for k, _ in grid):
+            raise ConfigError(f"--set-grid: key '{key.strip()}' given twice")
+        grid.append((key.strip(), [parse_scalar(v) for v in parts]))
+    return grid
+
+
+def grid_cells(grid: list[tuple[str, list[Any]]]) -> list[Cell]:
+    """Every combination of the grid's values, in the order given."""
+    keys = [k for k, _ in grid]
+    return [tuple(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
+
+
+def cell_label(cell: Cell) -> str:
+    return ",".join(f"{k}={v}" for k, v in cell)
+
+
+def cell_dir(out: Path, cell: Cell) -> Path:
+    return out / cell_label(cell).replace("/", "_").replace(" ", "_")
+
+
+def same_config(results_path: Path, cfg: Mapping[str, Any]) -> bool:
+    """Whether a finished cell's results.json was made with exactly this config."""
+    if not results_path.is_file():
+        return False
+    stored = json.loads(results_path.read_text()).get("config")
+    return json.dumps(stored, sort_keys=True) == json.dumps(cfg, sort_keys=True)
+
+
+def run_or_reuse(cfg: dict[str, Any], out: Path, label: str) -> dict[str, Any]:
+    from ssfl.runner import run_simulation
+
+    if same_config(out / "results.json", cfg):
+        print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
+        return load_results(out)
+    print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
+    return run_simulation(cfg, out, stream=False)
+
+
+def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:
+    """The runs' table (tasks.results.markdown_table) under a title naming the grid."""
+    keys = ", ".join(k for k, _ in grid)
+    return f"### Sweep of {keys} ({experiment})\n\n{markdown_table(runs)}"
+
+
+def sweep(
+    experiment: str, grid_items: list[str], sets: list[str], rounds: int | None, out: Path
+) -> str:
+    """Run (or reuse) every cell of the grid; write table.md, sweep.png and accuracy.png."""
+    from ssfl.cli import check_data, resolve_experiment
+
+    grid = parse_grid(grid_items)
+    cells = grid_cells(grid)
+    configs = []
+    for cell in cells:
+        cfg = resolve_experiment(experiment, rounds, None, [*sets, *(f"{k}={v}" for k, v in cell)])
+        check_data(cfg)
+        configs.append(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for cell, cfg in zip(cells, configs):
+        res = run_or_reuse(cfg, cell_dir(out, cell), cell_label(cell))
+        res["name"] = cell_label(cell)
+        runs.append(res)
+    text = sweep_table(experiment, grid, runs)
+    (out / "table.md").write_text(text + "\n")
+    series: dict[str, list[tuple[Any, float]]] = {}
+    for cell, res in zip(cells, runs):
+        series.setdefault(cell_label(cell[1:]), []).append((cell[0][1], res["final_test_accuracy"]))
+    plot_sweep(series, grid[0][0], out / "sweep.png")
+    plot_curves(runs, out / "accuracy.png", title=f"sweep of {grid[0][0]}")
+    return text

@@ -1,0 +1,222 @@
+"""The SSFL benchmark / FedRGD (Zhang, Yao et al. 2020): equations on hand-made tensors,
+T counted in steps, the grouping, the R partitioner on the real Fashion-MNIST split."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from strategies import METHODS
+from strategies.base import ServerSide
+from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
+from tasks.config import ConfigError, load_experiment, resolve
+from tasks.losses import crl_loss, selftrain_loss
+from tasks.models import build_model, classifier_keys
+from tasks.partition import get_split, remaining_class_counts
+from tasks.train import cosine_warmup_lr, scheduled_lr, step_batches
+from tests.conftest import ROOT
+from tests.harness import InProcessGrid
+
+# Sample 0 is confident (p = e^3 / (e^3 + 2) = 0.909 >= 0.9), sample 1 is not.
+WEAK = torch.tensor([[3.0, 0.0, 0.0], [1.0, 0.5, 0.0]])
+STRONG = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+
+
+def test_selftrain_loss_eq3_on_the_same_view():
+    loss, mask = selftrain_loss(WEAK, threshold=0.9)
+    assert mask.tolist() == [1.0, 0.0]
+    ce = -math.log(math.exp(3) / (math.exp(3) + 2))  # CE of sample 0 against its own argmax
+    assert float(loss) == pytest.approx(ce / 2, rel=1e-6)  # 1/N_k over the whole batch
+
+
+def test_crl_loss_eq6_pseudo_label_weak_prediction_strong():
+    loss, mask = crl_loss(WEAK, STRONG, threshold=0.9)
+    assert mask.tolist() == [1.0, 0.0]
+    ce = -math.log(math.e / (math.e + 2))  # strong view of sample 0 against label 0
+    assert float(loss) == pytest.approx(ce / 2, rel=1e-6)
+    assert float(crl_loss(WEAK, STRONG, threshold=0.95)[0]) == 0.0  # tau = 0.95 keeps nothing
+
+
+def test_average_with_server_eq4():
+    server = {"w": np.array([1.0, 1.0], dtype=np.float32)}
+    users = [{"w": np.array([3.0, 3.0], dtype=np.float32)}, {"w": np.array([5.0, 8.0])}]
+    assert average_with_server(server, users)["w"].tolist() == [3.0, 4.0]  # (1+3+5)/3, (1+3+8)/3
+
+
+def test_group_average_eq7_hand_made():
+    server = {"w": np.array([0.0, 6.0])}
+    users = {k: {"w": np.array(w)} for k, w in enumerate([[6.0, 0.0], [3.0, 3.0], [9.0, 0.0]])}
+    per_group, overall = group_average(server, users, [[0], [1, 2]])
+    assert per_group[0]["w"].tolist() == [3.0, 3.0]  # (w_s + w_0) / 2
+    assert per_group[1]["w"].tolist() == [4.0, 3.0]  # (w_s + w_1 + w_2) / 3
+    assert overall["w"].tolist() == [3.5, 3.0]  # mean of the group averages
+
+
+def test_the_server_joins_every_group():
+    server = {"w": np.ones(3)}
+    users = {k: {"w": np.zeros(3)} for k in range(5)}
+    per_group, _ = group_average(server, users, [[0, 1], [2, 3, 4]])
+    assert [float(g["w"][0]) for g in per_group] == [pytest.approx(1 / 3), pytest.approx(1 / 4)]
+
+
+@pytest.mark.parametrize("ids, s, sizes", [(range(10), 2, [5, 5]), (range(10), 3, [4, 3, 3])])
+def test_every_user_in_exactly_one_group(ids, s, sizes):
+    groups = assign_groups(list(ids), s, np.random.default_rng(0))
+    assert [len(g) for g in groups] == sizes
+    flat = [k for g in groups for k in g]
+    assert sorted(flat) == list(ids)  # each user once
+    assert groups == assign_groups(list(ids), s, np.random.default_rng(0))
+    assert len(assign_groups([4, 7], 5, np.random.default_rng(0))) == 2  # no empty group
+
+
+def test_weight_diversity_eq8_hand_made():
+    assert weight_diversity([np.array([1.0, 0.0]), np.array([0.0, 1.0])]) == pytest.approx(1.0)
+    same = np.array([1.0, 2.0])
+    assert weight_diversity([same, same]) == pytest.approx(0.5)  # 1/n for equal updates
+    # ||u1||^2 + ||u2||^2 = 25 + 1; ||u1 + u2||^2 = ||(3, 5)||^2 = 34
+    assert weight_diversity([np.array([3.0, 4.0]), np.array([0.0, 1.0])]) == pytest.approx(26 / 34)
+    assert weight_diversity([same, -same]) == math.inf
+
+
+def test_classifier_keys_name_the_last_linear_layer():
+    small = build_model("small_cnn", 1, 10, 28, "gn", (0.5,), (0.25,))
+    assert classifier_keys(small) == ["1.classifier.3.weight", "1.classifier.3.bias"]
+    resnet9 = build_model("resnet9", 3, 10, 32, "none", (0.5,) * 3, (0.25,) * 3)
+    assert classifier_keys(resnet9) == ["1.classifier.weight"]
+
+
+def test_cosine_warmup_lr_eq9():
+    kw = {"base_lr": 0.1, "total_steps": 100, "warmup_steps": 10, "cycles": 0.5, "floor": 0.01}
+    assert cosine_warmup_lr(0, **kw) == pytest.approx(0.01)  # linear warm-up, (t + 1) / eM/B
+    assert cosine_warmup_lr(9, **kw) == pytest.approx(0.1)
+    assert cosine_warmup_lr(10, **kw) == pytest.approx(0.1)
+    assert cosine_warmup_lr(55, **kw) == pytest.approx(0.1 * math.cos(math.pi / 4))  # half way
+    assert cosine_warmup_lr(100, **{**kw, "cycles": 1.0}) == pytest.approx(0.001)  # eps floor
+    assert cosine_warmup_lr(0, **{**kw, "warmup_steps": 0}) == pytest.approx(0.1)  # e = 0
+
+
+def test_scheduled_lr_counts_global_steps():
+    half = {"lr": 0.1, "lr_decay": 0.5, "batch_size": 64}
+    sched = {"name": "exponential"}
+    assert scheduled_lr(half, sched, 10, 3, 5, 16) == pytest.approx(0.025)
+    sched = {"name": "cosine", "epochs": 0.0, "warmup_epochs": 0.0, "epoch_samples": 65536}
+    sched.update(cycles=1.0, floor=0.0)
+    # 10 rounds of 16 steps: round 6, step 0 is t = 80 of 160 -> cos(pi / 2) = 0
+    assert scheduled_lr(half, sched, 10, 6, 0, 16) == pytest.approx(0.0, abs=1e-12)
+    assert scheduled_lr(half, sched, 10, 3, 8, 16) == pytest.approx(0.1 * math.cos(math.pi * 0.25))
+    # E = 2 epochs of M / B = 65536 / 64 = 1024 steps: t = 1024 is half way
+    sched["epochs"] = 2.0
+    assert scheduled_lr(half, sched, 1000, 65, 0, 16) == pytest.approx(0.0, abs=1e-12)
+    assert scheduled_lr(half, sched, 1000, 0, 3, 16) == 0.1  # round 0: the bootstrap
+
+
+def test_step_batches_count_steps_not_epochs():
+    gen = torch.Generator().manual_seed(0)
+    batches = list(step_batches(10, 4, gen, epochs=5, local_steps=7))
+    assert len(batches) == 7 and all(len(b) == 4 for b in batches)  # full batches, reshuffled
+    assert all(0 <= int(i) < 10 for b in batches for i in b)
+    assert [len(b) for b in step_batches(3, 4, gen, epochs=1, local_steps=5)] == [3] * 5
+    assert [len(b) for b in step_batches(10, 4, gen, epochs=2)] == [4, 4, 2, 4, 4, 2]
+
+
+def ssfl_raw(method: str, **algo) -> dict:
+    return {
+        "method": method,
+        "rounds": 2,
+        "dataset": {
+            "name": "synthetic28",
+            "synthetic_train_size": 1200,
+            "synthetic_test_size": 200,
+        },
+        "split": {
+            "labeled_per_class": 5,
+            "val_size": 0,
+            "test_size": 200,
+            "num_clients": 4,
+            "client_size": 0,
+            "partitioner": "noniid_r",
+        },
+        "model": {"norm": "gn"},
+        "server": {"local_steps": 5, "batch_size": 8},
+        "client": {"local_steps": 3, "batch_size": 8},
+        "algo": algo,
+    }
+
+
+def run_harness(raw: dict, grid: InProcessGrid):
+    cfg = resolve(raw)
+    ds, split = get_split(cfg)
+    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    rows: list[dict] = []
+    strategy = METHODS[cfg["method"]].strategy(server, rows.append)
+    strategy.start(grid, num_rounds=cfg["rounds"])
+    return rows, strategy, split
+
+
+def test_t_is_counted_in_sgd_steps_for_server_and_users():
+    rows, _, split = run_harness(ssfl_raw("ssfl_fedavg", loss="selftrain"), InProcessGrid(4))
+    assert min(split.summary["client_sizes"]) > 100  # one epoch would be 13+ batches of 8
+    for row in rows:
+        assert row["local_steps"] == 3.0 and row["server_steps"] == 5.0
+        assert row["clients"] == 4 and 0.0 < row["weight_diversity"] < math.inf
+
+
+def test_fedrgd_sends_each_group_its_average_and_the_server_the_mean():
+    grid = InProcessGrid(4)
+    rows, strategy, _ = run_harness(ssfl_raw("fedrgd", groups=2, threshold=0.0), grid)
+    pid = {nid: p for p, nid in strategy.nodes.items()}
+    key = "1.classifier.3.bias"
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    sent = [
+        {pid[m.metadata.dst_node_id]: m.content["arrays"][key].numpy() for m in msgs}
+        for msgs in (train[:4], train[4:])
+    ]
+    assert all(np.array_equal(sent[0][0], v) for v in sent[0].values())  # round 1: all w_avg
+    groups = rows[0]["groups"]
+    assert len(groups) == 2 and sorted(k for g in groups for k in g) == [0, 1, 2, 3]
+    for group in groups:  # round 2: each user starts from its group's average
+        assert all(np.array_equal(sent[1][group[0]], sent[1][k]) for k in group)
+    assert not np.array_equal(sent[1][groups[0][0]], sent[1][groups[1][0]])
+    # After the last round the server holds w_avg = the mean of the group averages (eq. 7).
+    last = rows[-1]["groups"]
+    group_bias = [strategy.group_models[g[0]][key].numpy() for g in last]
+    server_bias = strategy.server.model.state_dict()[key].numpy()
+    assert np.allclose(np.mean(group_bias, axis=0), server_bias, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "method, overrides, pattern",
+    [
+        ("ssfl_fedavg", {"client": {"local_steps": 0}}, r"local_steps.*>= 1"),
+        ("ssfl_fedavg", {"algo": {"loss": "mse"}}, r"'algo.loss'"),
+        ("fedrgd", {"algo": {"groups": 0}}, r"'algo.groups'"),
+        ("fedseal", {"client": {"local_steps": 4}}, r"trains its clients in epochs"),
+        ("fedseal", {"lr_schedule": {"name": "cosine"}}, r"trains its clients in epochs"),
+        ("server_sl", {"lr_schedule": {"epochs": 2.0, "warmup_epochs": 2.0}}, r"warmup_epochs"),
+    ],
+)
+def test_bad_ssfl_values_are_config_errors(method, overrides, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        resolve({"method": method, **overrides})
+
+
+@pytest.mark.parametrize("target", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+def test_r_partitioner_on_the_ssfl_fmnist_split(data_dir, target):
+    cfg = load_experiment(
+        ROOT / "experiments/ssfl-fmnist/crl_gn.yaml",
+        [f"dataset.root={data_dir}", f"split.target_r={target}"],
+    )
+    _, split = get_split(cfg)
+    assert abs(split.summary["noniid_r"] - target) <= 0.02
+    assert split.summary["client_sizes"] == [5900] * 10 and split.summary["server_labeled"] == 1000
+
+
+def test_remaining_counts_follow_app_a2_on_unbalanced_classes():
+    # n = (40, 20), Q = (2/3, 1/3), R = 0.5, one user per main class:
+    # user 0: 0.5 * 40 + 0.5 * 2/3 * 40 = 33.3 of class 0, 0.5 * 2/3 * 20 = 6.7 of class 1
+    counts = remaining_class_counts("noniid_r", 2, np.array([40, 20]), 0.5)
+    assert counts.tolist() == [[33, 7], [7, 13]]
+    assert remaining_class_counts("iid", 2, np.array([40, 20]), 0.5).tolist() == [[20, 10]] * 2

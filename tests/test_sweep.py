@@ -1,0 +1,77 @@
+"""``ssfl sweep``: grid parsing, cells reused only when their config matches, table and plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import ssfl.runner
+from ssfl.cli import main, resolve_experiment
+from ssfl.sweep import cell_dir, grid_cells, parse_grid, sweep
+from tasks.config import ConfigError
+
+
+def test_parse_grid_and_cells():
+    grid = parse_grid(["split.target_r=0,0.2,1.0", "method=ssfl_fedavg,fedrgd"])
+    assert grid == [("split.target_r", [0, 0.2, 1.0]), ("method", ["ssfl_fedavg", "fedrgd"])]
+    cells = grid_cells(grid)
+    assert len(cells) == 6 and cells[1] == (("split.target_r", 0), ("method", "fedrgd"))
+
+
+@pytest.mark.parametrize("item", ["rounds", "=1,2", "rounds=1,,2", "rounds="])
+def test_bad_grid_is_a_config_error(item):
+    with pytest.raises(ConfigError, match="--set-grid"):
+        parse_grid([item])
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_grid(["seed=1,2", "seed=3"])
+
+
+def fake_results(cfg: dict, acc: float) -> dict:
+    rows = [{"round": 1, "test_accuracy": acc, "bytes_c2s": 0}]
+    return {
+        "method": cfg["method"],
+        "name": cfg["name"],
+        "dataset": cfg["dataset"]["name"],
+        "config": cfg,
+        "split": {"partitioner": "noniid_r", "noniid_r": cfg["split"]["target_r"]},
+        "rounds": rows,
+        "final_test_accuracy": acc,
+        "best_test_accuracy": acc,
+        "wall_seconds": 1.0,
+    }
+
+
+def test_sweep_reuses_matching_cells_and_reruns_stale_ones(tmp_path, synthetic_raw, monkeypatch):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({**synthetic_raw, "method": "server_sl", "rounds": 1}))
+    out = tmp_path / "sweep"
+    grid = ["split.target_r=0.0,0.4"]
+    cells = grid_cells(parse_grid(grid))
+    cfgs = [resolve_experiment(str(exp), None, None, [f"{k}={v}" for k, v in c]) for c in cells]
+    for cell, cfg, acc in zip(cells, cfgs, (0.9, 0.1)):
+        cell_dir(out, cell).mkdir(parents=True)
+        stored = cfg if acc == 0.9 else {**cfg, "seed": 7}  # the second cell is stale
+        (cell_dir(out, cell) / "results.json").write_text(json.dumps(fake_results(stored, acc)))
+    ran = []
+
+    def fake_run(cfg, path, stream=True):
+        ran.append(path)
+        return fake_results(cfg, 0.7)
+
+    monkeypatch.setattr(ssfl.runner, "run_simulation", fake_run)
+    text = sweep(str(exp), grid, [], None, out)
+    assert ran == [cell_dir(out, cells[1])]
+    assert "| split.target_r=0.0 | server_sl |" in text and "| 0.9000 |" in text
+    assert "| split.target_r=0.4 |" in text and "| 0.7000 |" in text
+    assert (out / "table.md").read_text().strip() == text.strip()
+    assert (out / "sweep.png").stat().st_size > 0 and (out / "accuracy.png").stat().st_size > 0
+
+
+def test_cli_sweep_rejects_a_bad_value_before_running(tmp_path, synthetic_raw, capsys):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({**synthetic_raw, "method": "server_sl"}))
+    code = main(["sweep", str(exp), "--set-grid", "split.target_r=0.2,1.5", "--out", str(tmp_path)])
+    assert code == 2 and "target_r" in capsys.readouterr().err
+    assert not (tmp_path / "split.target_r=0.2").exists()
