@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from client_app.base import ClientHalf
+from client_app.fedmatch import FedMatchClient
 from client_app.fedseal import FedSEALClient
 from client_app.fixmatch import FixMatchClient
 from client_app.supervised import SupervisedClient
 from client_app.uda import UDAClient
 from strategies.base import SSFLStrategy
 from strategies.fedavg_sl import FedAvgSL, FedProxSL
+from strategies.fedmatch import FedMatch
 from strategies.fedseal import FedSEAL
 from strategies.fixmatch import FedAvgFixMatch
 from strategies.server_sl import ServerSL
@@ -32,4 +34,5 @@ METHODS: dict[str, Method] = {
     "fedavg_fixmatch": Method(FedAvgFixMatch, FixMatchClient),
     "fedavg_uda": Method(FedAvgUDA, UDAClient),
     "fedseal": Method(FedSEAL, FedSEALClient),
+    "fedmatch": Method(FedMatch, FedMatchClient),
 }
