@@ -7,6 +7,7 @@ it may override ``reply_arrays`` (e.g. to send sparse payloads) and use
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from abc import ABC, abstractmethod
@@ -19,7 +20,7 @@ from torch import nn
 
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.models import model_for
-from tasks.partition import get_split
+from tasks.partition import get_split, stream_slice, stream_step
 from tasks.train import (
     derive_seed,
     make_sgd,
@@ -93,6 +94,17 @@ def client_data(config_text: str, partition_id: int, device: torch.device) -> Cl
     return _client_data(key, partition_id, str(device))
 
 
+def streamed(data: ClientData, scfg: dict[str, Any], server_round: int) -> ClientData:
+    """The round's chunk of the unlabeled data when streaming is on (FedMatch 6.1)."""
+    steps = scfg["stream_steps"]
+    if not steps:
+        return data
+    part = stream_slice(
+        len(data.x), stream_step(server_round, steps, scfg["stream_rounds_per_step"]), steps
+    )
+    return dataclasses.replace(data, x=data.x[part], true_y=data.true_y[part])
+
+
 @functools.lru_cache(maxsize=8)
 def augmenters(
     image_size: int, flip: bool, channels: int, n: int, m: float, shift: float, device: str
@@ -118,9 +130,13 @@ class ClientHalf(ABC):
         self.lr = float(self.config["lr"])
         self.state = state
         self.device = resolve_device(self.cfg["device"])
-        self.data = client_data(str(self.config["ssfl-config"]), partition_id, self.device)
+        self.data = streamed(
+            client_data(str(self.config["ssfl-config"]), partition_id, self.device),
+            self.cfg["split"],
+            self.round,
+        )
         self.model = self.build_model()
-        self.model.load_state_dict(content["arrays"].to_torch_state_dict())
+        self.load_model()
         # Seeded after the model is built, so the training stream depends on the seed alone.
         self.generator = seed_torch(
             derive_seed(self.cfg["seed"], "client", partition_id, self.round)
@@ -128,6 +144,10 @@ class ClientHalf(ABC):
 
     def build_model(self) -> nn.Module:
         return model_for(self.cfg["model"], self.data).to(self.device)
+
+    def load_model(self) -> None:
+        """Start from the server's model (a method with its own payload format overrides this)."""
+        self.model.load_state_dict(self.content["arrays"].to_torch_state_dict())
 
     def optimizer(self) -> torch.optim.Optimizer:
         ccfg = self.cfg["client"]

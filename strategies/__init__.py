@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from client_app.base import ClientHalf
+from client_app.fedmatch import FedMatchClient
 from client_app.fedseal import FedSEALClient
 from client_app.fixmatch import FixMatchClient
 from client_app.ssfl_fedavg import SSFLClient
@@ -12,6 +13,7 @@ from client_app.supervised import SupervisedClient
 from client_app.uda import UDAClient
 from strategies.base import SSFLStrategy
 from strategies.fedavg_sl import FedAvgSL, FedProxSL
+from strategies.fedmatch import FedMatch
 from strategies.fedrgd import FedRGD
 from strategies.fedseal import FedSEAL
 from strategies.fixmatch import FedAvgFixMatch
@@ -37,4 +39,5 @@ METHODS: dict[str, Method] = {
     "fedseal": Method(FedSEAL, FedSEALClient),
     "ssfl_fedavg": Method(SSFLFedAvg, SSFLClient),
     "fedrgd": Method(FedRGD, SSFLClient),
+    "fedmatch": Method(FedMatch, FedMatchClient),
 }

@@ -49,6 +49,10 @@ DEFAULTS: dict[str, Any] = {
         "dirichlet_alpha": 0.5,
         "target_r": 0.4,
         "client_labeled_per_class": 0,
+        # Streaming (FedMatch 6.1): 0 = off; else each client's unlabeled data is cut into
+        # stream_steps chunks and round r trains on chunk (r - 1) // stream_rounds_per_step.
+        "stream_steps": 0,
+        "stream_rounds_per_step": 10,
     },
     "model": {"name": "small_cnn", "norm": "bn"},
     "server": {
@@ -256,6 +260,8 @@ MINIMUM: dict[str, float] = {
     "split.val_size": 0,
     "split.labeled_per_class": 0,
     "split.client_labeled_per_class": 0,
+    "split.stream_steps": 0,
+    "split.stream_rounds_per_step": 1,
     "split.test_size": 0,
     "client.proximal_mu": 0,
     "federation.clients_per_round": 0,

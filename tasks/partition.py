@@ -257,3 +257,18 @@ def get_split(cfg: Mapping[str, Any]) -> tuple[Dataset, Split]:
         {"dataset": cfg["dataset"], "split": cfg["split"], "seed": cfg["seed"]}, sort_keys=True
     )
     return _cached_split(key)
+
+
+def stream_step(server_round: int, steps: int, rounds_per_step: int) -> int:
+    """Streaming step t (0-based) of a round (FedMatch 6.1, Streaming-NonIID).
+
+    Each step lasts ``rounds_per_step`` rounds; rounds past the last step stay on it.
+    """
+    return min(max(server_round - 1, 0) // rounds_per_step, steps - 1)
+
+
+def stream_slice(n: int, step: int, steps: int) -> slice:
+    """Step ``step`` of ``steps`` nearly equal consecutive chunks of a client's n samples."""
+    if n < steps:
+        raise ValueError(f"{n} unlabeled samples cannot be streamed in {steps} steps")
+    return slice(step * n // steps, (step + 1) * n // steps)

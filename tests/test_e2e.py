@@ -67,6 +67,9 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
         extra = last["bytes_s2c"] - last["bytes_c2s"]  # what the server sends beyond the model
         if method == "fedseal":
             assert 0 < extra < 3 * 1000  # tau: 10 float32 per client, plus array headers
+        elif method == "fedmatch":  # sparse payloads: sigma + psi down, psi up
+            assert last["bytes_c2s"] <= last["bytes_c2s_dense"] + 3 * 2000  # npy headers
+            assert last["bytes_s2c_dense"] > 0 and 0 < last["c2s_ratio"] <= 1.01
         else:
             assert extra == 0
 

@@ -107,3 +107,38 @@ def test_ssfl_paper_configs_carry_the_paper_values(experiment, k, rounds):
         assert cfg[half]["local_steps"] == 16 and cfg[half]["batch_size"] == 64
         assert cfg[half]["lr"] == 0.146 and cfg[half]["weight_decay"] == 0.0001
     assert cfg["lr_schedule"]["warmup_epochs"] == 5.0 and cfg["algo"]["threshold"] == 0.95
+
+
+CIFAR_BATCH = ROOT / "experiments/cifar10-batch"
+
+
+@pytest.mark.parametrize(
+    "name", ["fedmatch_iid_las", "fedmatch_noniid_las", "fedmatch_iid_lac", "fedmatch_noniid_lac"]
+)
+def test_fedmatch_table1_configs_resolve_with_official_values(name):
+    cfg = load_experiment(CIFAR_BATCH / f"{name}.yaml")
+    assert cfg["split"]["num_clients"] == 100 and cfg["federation"]["clients_per_round"] == 5
+    assert cfg["model"] == {"name": "resnet9", "norm": "none"} and cfg["rounds"] == 200
+    assert cfg["algo"]["num_helpers"] == 2 and cfg["algo"]["helper_interval"] == 10
+    assert cfg["client"]["lr"] == 1e-3 and cfg["algo"]["confidence"] == 0.75
+    at_client = name.endswith("lac")
+    assert cfg["split"]["client_labeled_per_class"] == (5 if at_client else 0)
+    assert cfg["algo"]["delta"] == (5e-5 if at_client else 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [("fedmatch_iid_las", []), ("fedmatch_noniid_lac", ["split.client_labeled_per_class=1"])],
+)
+def test_fedmatch_table1_config_on_synthetic_32x32(name, extra):
+    cfg = load_experiment(CIFAR_BATCH / f"{name}.yaml", [*SHRINK, *extra])
+    ds, split = get_split(cfg)
+    assert ds.train_x.shape[1:] == (3, 32, 32) and len(split.clients) == 100
+    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    rows: list[dict] = []
+    grid = InProcessGrid(100)
+    METHODS["fedmatch"].strategy(server, rows.append).start(grid, num_rounds=1)
+    trained = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(trained) == 5 and rows[0]["clients"] == 5 and rows[0]["failures"] == 0
+    assert rows[0]["bytes_s2c_dense"] == 5 * 4 * sum(p.numel() for p in server.model.sigma.values())
+    assert 0.0 <= rows[0]["test_accuracy"] <= 1.0

@@ -9,6 +9,7 @@ import pytest
 import ssfl.reproduce
 from ssfl.cli import resolve_experiment
 from ssfl.reproduce import TABLES, cell_dir, reproduce
+from tests.conftest import ROOT
 
 
 def fake_results(acc: float, rounds: int = 3, config: dict | None = None) -> dict:
@@ -89,3 +90,23 @@ def test_no_run_tables_the_finished_cells_only(tmp_path, monkeypatch):
     text = reproduce("fedseal-table1", tmp_path, None, [], run=False)
     assert "| FedSEAL | 0.8400 | 0.8418 | not run | 0.8428 |" in text
     assert "| FedSEAL - Server-SL | +0.0400 | +0.0447 | not run | +0.0403 |" in text
+
+
+def test_fedmatch_table2_has_one_experiment_per_scenario_and_costs(tmp_path):
+    table = TABLES["fedmatch-table2"]
+    for row in table.rows:
+        for column in table.columns:
+            path = row.experiment_for(column)
+            assert (ROOT / path).is_file(), path
+            folder = cell_dir(tmp_path, row, column)
+            folder.mkdir(parents=True)
+            overrides = table.columns[column]
+            cfg = resolve_experiment(path, None, None, overrides)
+            res = fake_results(0.80, 3, cfg)
+            for r in res["rounds"]:  # a quarter of the dense bytes each way
+                r.update(bytes_s2c=25, bytes_s2c_dense=100, bytes_c2s=50, bytes_c2s_dense=200)
+            (folder / "results.json").write_text(json.dumps(res))
+    text = reproduce("fedmatch-table2", tmp_path, None, [])
+    assert "| FedMatch | 0.8000 | 0.7795 | 0.8000 | 0.8415 |" in text
+    assert "| FedProx-FixMatch | 0.8000 | 0.6240 | 0.8000 | 0.7371 |" in text
+    assert "| FedMatch | 25% / 25% | 37% / 48% | 25% / 25% | 14% / 63% |" in text

@@ -1,0 +1,190 @@
+"""FedMatch's client half (Jeong et al. 2021): disjoint learning with helpers, sparse traffic.
+
+The client rebuilds the server's public model from a sparse payload against the copy it
+kept in ``context.state`` (the payload names the round of that copy), decodes its
+helpers, and trains: with labels at the client, a sigma step on a labeled batch with psi
+frozen (eq. 4), then for every unlabeled batch a psi step with sigma frozen (eq. 5) on
+
+    lambda_a CE(agreement label, p(pi(u))) + lambda_i (1/H) sum_j KL(p_hj(u) || p(u))
+    + lambda_L1 ||psi||_1 + lambda_L2 ||sigma - psi||^2,
+
+both consistency terms on the samples whose local confidence reaches tau (eq. 1-3, 5).
+Finally psi elements at or below the l1 threshold are zeroed, and the client uploads
+the elements that moved by more than delta since the received model.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord
+
+from client_app.base import ClientHalf
+from tasks.augment import RandAugment
+from tasks.decompose import (
+    BUFFER,
+    Decomposed,
+    buffer_arrays,
+    decomposition_penalty,
+    dense_model_bytes,
+    uploaded_parts,
+)
+from tasks.fedmatch import agreement_labels, inter_client_kl
+from tasks.models import model_for
+from tasks.sparse import decode, encode_changes, payload_arrays, payload_from
+from tasks.train import minibatches
+
+STATE_KEY = "fedmatch"
+
+
+@functools.lru_cache(maxsize=4)
+def randaugment(n: int, m: float, channels: int, device: str) -> RandAugment:
+    """The RandAugment view pi(u) of eq. 2, built once per process."""
+    return RandAugment(n, m, channels).to(device)
+
+
+class FedMatchClient(ClientHalf):
+    """Local FedMatch training of one client in one round (both scenarios)."""
+
+    def build_model(self) -> Decomposed:
+        net = model_for(self.cfg["model"], self.data)
+        return Decomposed(net, self.algo["psi_factor"], self.algo["decomposition"]).to(self.device)
+
+    # ----- Receiving ------------------------------------------------------------------
+    def held_copy(self, since: int) -> dict[str, torch.Tensor]:
+        """The public copy kept from round ``since`` (none when the payload is dense)."""
+        if since < 0:
+            return {}
+        record = self.state.get(STATE_KEY)
+        held = int(record["round"].numpy()) if record is not None else None
+        if held != since:
+            raise ValueError(f"client holds the model of round {held}, the payload needs {since}")
+        return {part: torch.from_numpy(record[part].numpy()) for part in self.model.parts()}
+
+    def load_model(self) -> None:
+        """Apply the payload to the kept copy, load it, keep the new copy in context.state."""
+        arrays = {k: v.numpy() for k, v in self.content["arrays"].items()}
+        held = self.held_copy(int(self.config["sync-since"]))
+        n = self.model.numel()
+        self.received = {
+            part: decode(held.get(part), payload_from(arrays, part), n)
+            for part in self.model.parts()
+        }
+        for part, vector in self.received.items():
+            self.model.load_flat(part, vector)
+        buffers = {k[len(BUFFER) :]: v for k, v in arrays.items() if k.startswith(BUFFER)}
+        self.model.net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in buffers.items()})
+        self.state[STATE_KEY] = ArrayRecord(
+            {**self.received, "round": torch.tensor(self.round, dtype=torch.int64)}
+        )
+        self.helpers = self.decode_helpers(arrays_of(self.content, "helpers"))
+
+    def decode_helpers(self, arrays: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        """Helpers' unlabeled parts, sparse against the received one (eq. 1: frozen)."""
+        count = len(self.config["helpers"]) if "helpers" in self.config else 0
+        ref = self.received[self.model.unlabeled_part]
+        n = self.model.numel()
+        return [decode(ref, payload_from(arrays, f"h{j}"), n) for j in range(count)]
+
+    # ----- Training -------------------------------------------------------------------
+    def sgd(self, part: str) -> torch.optim.SGD:
+        ccfg = self.cfg["client"]
+        return torch.optim.SGD(
+            self.model.params(part),
+            lr=self.lr,
+            momentum=ccfg["momentum"],
+            weight_decay=ccfg["weight_decay"],
+        )
+
+    def train(self) -> dict[str, float]:
+        d, ccfg, model = self.data, self.cfg["client"], self.model
+        unlabeled = model.unlabeled_part
+        opt_u = self.sgd(unlabeled)
+        opt_s = self.sgd("sigma") if model.decomposed else opt_u
+        counts = np.zeros(4)  # seen, confident, confident and right, loss sum
+        steps = 0
+        model.train()
+        for _ in range(ccfg["epochs"]):
+            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator):
+                if len(d.labeled_x):
+                    self.sigma_step(opt_s, steps)
+                idx = idx.to(d.x.device)
+                counts += self.unlabeled_step(opt_u, d.x[idx], d.true_y[idx])
+                steps += 1
+        if model.decomposed:
+            model.prune_psi(self.algo["l1_threshold"])
+        seen, kept, right, loss = counts
+        return {
+            "train_loss": loss / max(steps, 1),
+            "mask_rate": kept / max(seen, 1),
+            "pseudo_label_accuracy": right / max(kept, 1),
+            "helpers": float(len(self.helpers)),
+            "dense-bytes": float(dense_model_bytes(model)),
+        }
+
+    def sigma_step(self, opt: torch.optim.Optimizer, step: int) -> None:
+        """Eq. 4: lambda_s CE on one labeled batch (cycled), psi frozen."""
+        d, model = self.data, self.model
+        weak, _ = self.augmenters()
+        bs = min(self.algo["labeled_batch_size"], len(d.labeled_x))
+        idx = torch.arange(step * bs, step * bs + bs, device=d.labeled_x.device) % len(d.labeled_x)
+        model.train_only("sigma")
+        loss = self.algo["lambda_s"] * F.cross_entropy(
+            model(weak(d.labeled_x[idx])), d.labeled_y[idx]
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def unlabeled_step(
+        self, opt: torch.optim.Optimizer, xb: torch.Tensor, true_y: torch.Tensor
+    ) -> np.ndarray:
+        """Eq. 5 on one unlabeled batch, sigma frozen; returns the batch's counts."""
+        algo, model = self.algo, self.model
+        model.train_only(model.unlabeled_part)
+        logits = model(xb)
+        probs = torch.softmax(logits.detach(), dim=1)
+        sel = torch.nonzero(probs.max(dim=1).values >= algo["confidence"]).squeeze(1)
+        loss = logits.new_zeros(())
+        if model.decomposed:
+            loss = decomposition_penalty(
+                model.params("sigma"), model.params("psi"), algo["lambda_l1"], algo["lambda_l2"]
+            )
+        right = 0
+        if sel.numel():
+            xs = xb[sel]
+            helper_probs = [torch.softmax(model.forward_with(h, xs), dim=1) for h in self.helpers]
+            labels = agreement_labels(probs[sel], helper_probs)
+            view = randaugment(
+                algo["randaugment_n"], algo["randaugment_m"], self.data.channels, str(self.device)
+            )(xs)
+            loss = loss + algo["lambda_a"] * F.cross_entropy(model(view), labels)
+            loss = loss + algo["lambda_i"] * inter_client_kl(helper_probs, logits[sel])
+            right = int((labels == true_y[sel]).sum())
+        if loss.requires_grad:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return np.array([len(xb), sel.numel(), right, float(loss.detach())])
+
+    # ----- Sending --------------------------------------------------------------------
+    def reply_arrays(self) -> dict[str, ArrayRecord]:
+        """The uploaded parts, sparse against the received model, and the buffers."""
+        at_client = self.cfg["split"]["scenario"] == "labels_at_client"
+        delta = self.algo["delta"]
+        out: dict[str, np.ndarray] = {}
+        for part in uploaded_parts(self.model, at_client):
+            payload = encode_changes(self.model.flat(part), self.received[part], delta)
+            out.update(payload_arrays(payload, part))
+        out.update(buffer_arrays(self.model))
+        return {"arrays": ArrayRecord(array_dict={k: Array(v) for k, v in out.items()})}
+
+
+def arrays_of(content, key: str) -> dict[str, np.ndarray]:
+    """The numpy arrays of one ArrayRecord of a message (empty when absent)."""
+    if key not in content.array_records:
+        return {}
+    return {k: v.numpy() for k, v in content[key].items()}

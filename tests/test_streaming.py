@@ -1,0 +1,54 @@
+"""Streaming clients (FedMatch 6.1): round r trains on chunk (r - 1) // rounds_per_step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from client_app.base import ClientData, streamed
+from tasks.config import ConfigError, load_experiment
+from tasks.partition import stream_slice, stream_step
+from tests.conftest import ROOT
+
+
+def test_stream_steps_last_rounds_per_step_rounds_then_stay_on_the_last():
+    rounds = (1, 10, 11, 20, 91, 100, 101, 150)
+    assert [stream_step(r, 10, 10) for r in rounds] == [0, 0, 1, 1, 9, 9, 9, 9]
+    assert [stream_step(r, 3, 1) for r in (1, 2, 3, 4)] == [0, 1, 2, 2]
+
+
+def test_stream_slices_cover_the_data_once():
+    parts = [stream_slice(23, t, 5) for t in range(5)]
+    covered = [i for p in parts for i in range(23)[p]]
+    assert covered == list(range(23))
+    assert [p.stop - p.start for p in parts] == [4, 5, 4, 5, 5]
+    with pytest.raises(ValueError, match="cannot be streamed in 5 steps"):
+        stream_slice(4, 0, 5)
+
+
+def fake_data(n: int) -> ClientData:
+    x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1)
+    empty = torch.zeros(0)
+    return ClientData(0, x, torch.arange(n), empty, empty, 10, 1, 1, False, (0.5,), (0.25,))
+
+
+def test_a_client_trains_on_its_rounds_chunk_only():
+    data = fake_data(20)
+    scfg = {"stream_steps": 4, "stream_rounds_per_step": 2}
+    chunks = [streamed(data, scfg, r).true_y.tolist() for r in (1, 2, 3, 8, 9)]
+    assert chunks[0] == chunks[1] == list(range(5))
+    assert chunks[2] == list(range(5, 10))
+    assert chunks[3] == chunks[4] == list(range(15, 20))
+    assert streamed(data, {"stream_steps": 0, "stream_rounds_per_step": 10}, 7) is data
+
+
+def test_streaming_configs_resolve_and_bad_values_are_refused():
+    for name in ("fedmatch_las", "fedprox_fixmatch_lac"):
+        cfg = load_experiment(ROOT / f"experiments/fmnist-streaming/{name}.yaml")
+        assert cfg["split"]["stream_steps"] == 10 and cfg["rounds"] == 100
+        assert cfg["split"]["partitioner"] == "fedmatch_imbalanced"
+    with pytest.raises(ConfigError, match="stream_rounds_per_step"):
+        load_experiment(
+            ROOT / "experiments/fmnist-streaming/fedmatch_las.yaml",
+            ["split.stream_rounds_per_step=0"],
+        )
