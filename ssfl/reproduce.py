@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ssfl.runner import run_simulation
-from tasks.config import flatten
+from tasks.config import ConfigError, flatten, resolve
 from tasks.results import load_results, plot_curves
 
 
@@ -146,7 +146,15 @@ EXECUTION_KEYS = (
 
 
 def same_config(recorded: dict[str, Any], cfg: dict[str, Any]) -> bool:
-    """Whether a results.json's config is this cell's config (execution keys aside)."""
+    """Whether a results.json's config is this cell's config (execution keys aside).
+
+    The recorded config is resolved again first, so keys added to the defaults since
+    the run compare equal when the cell keeps their default value.
+    """
+    try:
+        recorded = resolve(json.loads(json.dumps(recorded)))
+    except ConfigError:
+        return False
 
     def comparable(c: dict[str, Any]) -> dict[str, Any]:
         flat = flatten(json.loads(json.dumps(c)))
@@ -186,8 +194,9 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
                 gains.append(f"{fmt(gain, '+.4f')} | {row.paper[c] - base.paper[c]:+.4f}")
             lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(gains) + " |")
     lines += costs(table, results)
-    rounds = {len(r["rounds"]) for r in results.values()}
-    lines += ["", f"Final test accuracy after {', '.join(map(str, sorted(rounds)))} rounds."]
+    rounds = sorted({len(r["rounds"]) for r in results.values()})
+    done = f"after {', '.join(map(str, rounds))} rounds" if rounds else "(no cell has finished)"
+    lines += ["", f"Final test accuracy {done}."]
     lines += [f"{note}" for note in table.notes]
     return "\n".join(lines)
 
