@@ -72,8 +72,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runs = [load_results(p) for p in args.runs]
     print(markdown_table(runs))
     plot = Path(args.plot)
-    plot_curves(runs, plot)
-    print(f"\n![accuracy]({plot})")
+    plot_curves(runs, plot, metric=args.metric)
+    print(f"\n![{args.metric}]({plot})")
     return 0
 
 
@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="markdown table and joint plot of several runs")
     cmp_.add_argument("runs", nargs="+", help="run folders (or results.json files)")
     cmp_.add_argument("--plot", default="compare.png", help="where to write the plot")
+    cmp_.add_argument(
+        "--metric",
+        default="test_accuracy",
+        help="per-round metric to plot, e.g. weight_diversity (default: test_accuracy)",
+    )
     cmp_.set_defaults(func=cmd_compare)
 
     rep = sub.add_parser("reproduce", help="run a paper table and write ours beside the paper's")

@@ -86,15 +86,16 @@ def run_label(results: Mapping[str, Any]) -> str:
     return results.get("name") or results["method"]
 
 
-def plot_curves(runs: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> None:
-    """Test accuracy per round of one or more runs in one figure."""
+def plot_curves(
+    runs: Sequence[Mapping[str, Any]], path: Path, title: str = "", metric: str = "test_accuracy"
+) -> None:
+    """A per-round metric (test accuracy by default) of one or more runs in one figure."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for res in runs:
-        rounds = [r["round"] for r in res["rounds"]]
-        accs = [r["test_accuracy"] for r in res["rounds"]]
-        ax.plot(rounds, accs, label=run_label(res))
+        rows = [r for r in res["rounds"] if metric in r]
+        ax.plot([r["round"] for r in rows], [r[metric] for r in rows], label=run_label(res))
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel(metric.replace("_", " "))
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title)

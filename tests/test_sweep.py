@@ -11,6 +11,7 @@ import ssfl.runner
 from ssfl.cli import main, resolve_experiment
 from ssfl.sweep import cell_dir, grid_cells, parse_grid, sweep
 from tasks.config import ConfigError
+from tasks.results import plot_curves, plot_sweep
 
 
 def test_parse_grid_and_cells():
@@ -75,3 +76,11 @@ def test_cli_sweep_rejects_a_bad_value_before_running(tmp_path, synthetic_raw, c
     code = main(["sweep", str(exp), "--set-grid", "split.target_r=0.2,1.5", "--out", str(tmp_path)])
     assert code == 2 and "target_r" in capsys.readouterr().err
     assert not (tmp_path / "split.target_r=0.2").exists()
+
+
+def test_sweep_plot_takes_names_and_curves_take_any_metric(tmp_path):
+    plot_sweep({"": [("ssfl_fedavg", 0.8), ("fedrgd", 0.82)]}, "method", tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 0
+    rows = [{"round": 1, "test_accuracy": 0.5}, {"round": 2, "weight_diversity": 0.3}]
+    plot_curves([{"name": "a", "rounds": rows}], tmp_path / "d.png", metric="weight_diversity")
+    assert (tmp_path / "d.png").stat().st_size > 0
