@@ -3,6 +3,10 @@
 A method's client half subclasses :class:`ClientHalf` and implements ``train``;
 it may override ``reply_arrays`` (e.g. to send sparse payloads) and use
 ``self.state`` (the node's ``context.state``) for what must persist across rounds.
+
+A node's data comes from its node-config (:func:`node_from_config`): its partition
+of the experiment's dataset, or, with ``data-path``, its own folder of unlabeled
+images, whose true labels nobody knows (``ClientData.true_y`` is None).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import functools
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from tasks.augment import StrongAugment, WeakAugment
+from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import get_split, stream_slice, stream_step
 from tasks.train import (
@@ -38,13 +44,14 @@ class ClientData:
 
     ``x`` is the unlabeled part; ``true_y`` holds its hidden labels, used only to
     measure pseudo-label quality (and by the supervised upper bounds, which are
-    given the labels by definition). ``labeled_x``/``labeled_y`` is the client's
-    labeled part in the labels-at-client scenario (empty otherwise).
+    given the labels by definition), and is None for a node's own images, whose
+    labels are unknown. ``labeled_x``/``labeled_y`` is the client's labeled part in
+    the labels-at-client scenario (empty otherwise).
     """
 
     partition_id: int
     x: torch.Tensor
-    true_y: torch.Tensor
+    true_y: torch.Tensor | None
     labeled_x: torch.Tensor
     labeled_y: torch.Tensor
     num_classes: int
@@ -53,6 +60,25 @@ class ClientData:
     flip: bool
     mean: tuple[float, ...]
     std: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Node:
+    """Who a node is (its partition id: order, sampling, seeds) and where its data is."""
+
+    partition_id: int
+    data_path: str = ""  # a folder of the node's own unlabeled images; "" = its partition
+
+
+def node_from_config(node_config: Mapping[str, Any]) -> Node:
+    """The node's identity and data source from its node-config."""
+    if "partition-id" not in node_config:
+        raise ValueError(
+            "node-config has no 'partition-id' (start the SuperNode with --node-config "
+            "\"partition-id=K num-partitions=N\", adding data-path='/abs/folder' for a "
+            "node's own images)"
+        )
+    return Node(int(node_config["partition-id"]), str(node_config.get("data-path", "")))
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,9 +113,33 @@ def _client_data(config_text: str, partition_id: int, device: str) -> ClientData
     )
 
 
-def client_data(config_text: str, partition_id: int, device: torch.device) -> ClientData:
-    """The partition's data, loaded and split once per process (cache keyed by config)."""
+@functools.lru_cache(maxsize=8)
+def _folder_data(dataset: str, data_path: str, partition_id: int, device: str) -> ClientData:
+    info = dataset_info(dataset)
+    dev = torch.device(device)
+    return ClientData(
+        partition_id=partition_id,
+        x=to_float(load_image_folder(data_path, info), dev),
+        true_y=None,
+        labeled_x=torch.zeros((0, info.channels, info.image_size, info.image_size), device=dev),
+        labeled_y=torch.zeros(0, dtype=torch.int64, device=dev),
+        num_classes=info.num_classes,
+        image_size=info.image_size,
+        channels=info.channels,
+        flip=info.flip,
+        mean=info.mean,
+        std=info.std,
+    )
+
+
+def client_data(
+    config_text: str, partition_id: int, device: torch.device, data_path: str = ""
+) -> ClientData:
+    """The node's data, loaded once per process: its partition (cache keyed by config), or
+    with ``data_path`` its own unlabeled images in the format of the experiment's dataset."""
     cfg = parse_config(config_text)
+    if data_path:
+        return _folder_data(cfg["dataset"]["name"], data_path, partition_id, str(device))
     key = json.dumps({k: cfg[k] for k in ("dataset", "split", "seed")}, sort_keys=True)
     return _client_data(key, partition_id, str(device))
 
@@ -121,7 +171,9 @@ class ClientHalf(ABC):
     # Whether ``train`` honours client.local_steps and the lr_schedule (checked by the config).
     counts_steps = False
 
-    def __init__(self, content: RecordDict, state: RecordDict, partition_id: int):
+    def __init__(
+        self, content: RecordDict, state: RecordDict, partition_id: int, data_path: str = ""
+    ):
         self.content = content
         self.config: ConfigRecord = content["config"]
         self.cfg = parse_config(str(self.config["ssfl-config"]))
@@ -131,7 +183,7 @@ class ClientHalf(ABC):
         self.state = state
         self.device = resolve_device(self.cfg["device"])
         self.data = streamed(
-            client_data(str(self.config["ssfl-config"]), partition_id, self.device),
+            client_data(str(self.config["ssfl-config"]), partition_id, self.device, data_path),
             self.cfg["split"],
             self.round,
         )

@@ -19,25 +19,33 @@ from tasks.train import set_lr, step_batches
 
 
 class PseudoLabelStats:
-    """Counts for mask rate and pseudo-label accuracy against the hidden labels."""
+    """Counts for mask rate and pseudo-label accuracy against the hidden labels.
 
-    def __init__(self) -> None:
+    Without labels (a node's own images) only the mask rate is reported.
+    """
+
+    def __init__(self, labels_known: bool = True) -> None:
         self.seen = self.kept = self.kept_correct = self.correct = 0
+        self.labels_known = labels_known
 
-    def update(self, logits_weak: torch.Tensor, mask: torch.Tensor, true_y: torch.Tensor) -> None:
-        right = logits_weak.detach().argmax(dim=1) == true_y
+    def update(
+        self, logits_weak: torch.Tensor, mask: torch.Tensor, true_y: torch.Tensor | None
+    ) -> None:
         kept = mask.bool()
         self.seen += int(mask.numel())
         self.kept += int(kept.sum())
+        if true_y is None:
+            return
+        right = logits_weak.detach().argmax(dim=1) == true_y
         self.kept_correct += int((right & kept).sum())
         self.correct += int(right.sum())
 
     def metrics(self) -> dict[str, float]:
-        return {
-            "mask_rate": self.kept / max(self.seen, 1),
-            "pseudo_label_accuracy": self.kept_correct / max(self.kept, 1),
-            "pseudo_label_accuracy_all": self.correct / max(self.seen, 1),
-        }
+        out = {"mask_rate": self.kept / max(self.seen, 1)}
+        if self.labels_known:
+            out["pseudo_label_accuracy"] = self.kept_correct / max(self.kept, 1)
+            out["pseudo_label_accuracy_all"] = self.correct / max(self.seen, 1)
+        return out
 
 
 class ConsistencyClient(ClientHalf):
@@ -69,7 +77,7 @@ class ConsistencyClient(ClientHalf):
         opt = self.optimizer()
         mu = ccfg["proximal_mu"]
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
-        stats, total, steps = PseudoLabelStats(), 0.0, 0
+        stats, total, steps = PseudoLabelStats(d.true_y is not None), 0.0, 0
         round_steps = self.round_steps()
         self.model.train()
         batches = step_batches(
@@ -88,7 +96,7 @@ class ConsistencyClient(ClientHalf):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            stats.update(logits_weak, mask, d.true_y[idx])
+            stats.update(logits_weak, mask, None if d.true_y is None else d.true_y[idx])
             total += float(loss.detach())
             steps += 1
         return {"train_loss": total / max(steps, 1), "local_steps": steps, **stats.metrics()}

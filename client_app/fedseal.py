@@ -60,15 +60,17 @@ class FedSEALClient(ClientHalf):
             self.round, algo["lambda_start"], algo["lambda_end"], algo["lambda_ramp_rounds"]
         )
         loss_sum, steps = self.local_epochs(pos, pos_labels, neg, neg_labels, lam)
-        return {
+        metrics = {
             "train_loss": loss_sum / max(steps, 1),
             "positive_fraction": float(pos.float().mean()),
             "negative_fraction": float(neg.float().mean()),
-            "pseudo_label_accuracy": accuracy_on(pos_labels == d.true_y, pos),
-            "complementary_label_accuracy": accuracy_on(neg_labels != d.true_y, neg),
             "ensemble_size": float(count),
             "lambda": lam,
         }
+        if d.true_y is not None:  # label quality is measurable only where labels are known
+            metrics["pseudo_label_accuracy"] = accuracy_on(pos_labels == d.true_y, pos)
+            metrics["complementary_label_accuracy"] = accuracy_on(neg_labels != d.true_y, neg)
+        return metrics
 
     def local_epochs(self, pos, pos_labels, neg, neg_labels, lam) -> tuple[float, int]:
         """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16).

@@ -15,6 +15,11 @@ class SupervisedClient(ClientHalf):
 
     def train(self) -> dict[str, float]:
         d, ccfg = self.data, self.cfg["client"]
+        if d.true_y is None:
+            raise ValueError(
+                f"method {self.cfg['method']!r} trains on the clients' true labels, but node "
+                f"{d.partition_id} has only unlabeled images (data-path); use an SSL method"
+            )
         x = torch.cat([d.x, d.labeled_x])
         y = torch.cat([d.true_y, d.labeled_y])
         weak, _ = self.augmenters()

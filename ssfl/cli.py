@@ -1,4 +1,5 @@
-"""The ``ssfl`` command: run experiments in Flower's simulation engine, compare runs."""
+"""The ``ssfl`` command: run experiments in Flower's simulation engine or as a local
+deployment (SuperLink and SuperNodes as processes), compare runs."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def default_out(cfg: dict[str, Any]) -> Path:
     return Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from ssfl.runner import RunFailed, run_simulation, toml_str
+def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """The resolved experiment and its output folder; bad config or data fail here."""
+    from ssfl.runner import toml_str
 
     cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
     out = Path(args.out) if args.out else default_out(cfg)
@@ -53,16 +55,64 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{cfg['rounds']} rounds -> {out}",
         file=sys.stderr,
     )
-    try:
-        results = run_simulation(cfg, out, stream=not args.quiet)
-    except RunFailed as err:
-        print(f"ssfl: run failed: {err}", file=sys.stderr)
-        return 1
+    return cfg, out
+
+
+def report(results: dict[str, Any], out: Path) -> None:
     print(
         f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
         f"best_test_accuracy {results['best_test_accuracy']:.4f}  "
         f"wall_seconds {results['wall_seconds']:.1f}  -> {out / 'results.json'}"
     )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ssfl.runner import RunFailed, run_simulation
+
+    cfg, out = prepare(args)
+    try:
+        results = run_simulation(cfg, out, stream=not args.quiet)
+    except RunFailed as err:
+        print(f"ssfl: run failed: {err}", file=sys.stderr)
+        return 1
+    report(results, out)
+    return 0
+
+
+def parse_node_data(items: list[str], num_nodes: int) -> dict[int, str]:
+    """--node-data K=FOLDER items -> {K: absolute folder}; K must be a node of the run."""
+    node_data = {}
+    for item in items:
+        key, sep, folder = item.partition("=")
+        if not sep or not key.strip().isdigit() or not folder:
+            raise ConfigError(f"--node-data {item!r}: expected NODE=FOLDER, e.g. 1=/data/node1")
+        node = int(key)
+        if node >= num_nodes:
+            raise ConfigError(f"--node-data {item!r}: node {node} not in 0..{num_nodes - 1}")
+        node_data[node] = str(Path(folder).expanduser().resolve())
+    return node_data
+
+
+def cmd_deploy_local(args: argparse.Namespace) -> int:
+    from ssfl.deploy import run_deployment
+    from ssfl.runner import RunFailed
+
+    cfg, out = prepare(args)
+    node_data = parse_node_data(args.node_data or [], cfg["split"]["num_clients"])
+    try:
+        results = run_deployment(cfg, out, node_data=node_data, stream=not args.quiet)
+    except RunFailed as err:
+        print(f"ssfl: deployment failed: {err}", file=sys.stderr)
+        return 1
+    report(results, out)
+    failed = sorted({p for r in results["rounds"] for p in r.get("failed_partitions", [])})
+    if failed:
+        print(
+            f"ssfl: the run completed, but nodes {failed} failed their work in some rounds; "
+            f"see {out / 'results.json'} and {out / 'logs'}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -101,6 +151,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_experiment_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments ``run`` and ``deploy-local`` share (and mean the same in both)."""
+    parser.add_argument(
+        "experiment", help="experiment YAML, e.g. experiments/fmnist-las/fedseal.yaml"
+    )
+    parser.add_argument("--rounds", type=int, help="number of rounds (overrides 'rounds')")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        help="number of clients; the same data is re-partitioned (split.num_clients)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set client.lr=0.05 (repeatable)",
+    )
+    parser.add_argument("--out", help="output folder (default runs/<name>-<time>)")
+    parser.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ssfl.reproduce import TABLES
 
@@ -108,22 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment YAML in Flower's simulation engine")
-    run.add_argument("experiment", help="experiment YAML, e.g. experiments/fmnist-las/fedseal.yaml")
-    run.add_argument("--rounds", type=int, help="number of rounds (overrides 'rounds')")
-    run.add_argument(
-        "--nodes",
-        type=int,
-        help="number of clients; the same data is re-partitioned (split.num_clients)",
-    )
-    run.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set client.lr=0.05 (repeatable)",
-    )
-    run.add_argument("--out", help="output folder (default runs/<name>-<time>)")
-    run.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+    add_experiment_args(run)
     run.set_defaults(func=cmd_run)
+
+    dep = sub.add_parser(
+        "deploy-local",
+        help="run an experiment YAML on a local deployment: SuperLink and one SuperNode per "
+        "client as processes, TLS and node authentication on",
+    )
+    add_experiment_args(dep)
+    dep.add_argument(
+        "--node-data",
+        action="append",
+        metavar="NODE=FOLDER",
+        help="node NODE trains on FOLDER's unlabeled images (PNG/JPEG/.npy) instead of its "
+        "partition (repeatable)",
+    )
+    dep.set_defaults(func=cmd_deploy_local)
 
     cmp_ = sub.add_parser("compare", help="markdown table and joint plot of several runs")
     cmp_.add_argument("runs", nargs="+", help="run folders (or results.json files)")

@@ -4,6 +4,8 @@ What it takes care of (see the project's Flower notes): a scratch FLWR_HOME, no
 runtime dependency install, a SuperLink of its own on free loopback ports (the
 only one it stops), client resources, the run's real status (``flwr run
 --stream`` exits 0 even when the ServerApp crashed) and the results file.
+The process, environment and submission helpers here are shared with
+:mod:`ssfl.deploy` (the same app as real SuperLink/SuperNode processes).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,77 @@ def flwr_bin(name: str) -> str:
     return found
 
 
+def flwr_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of every Flower process and CLI call: a scratch FLWR_HOME,
+    no runtime dependency installation, no update check, plus ``extra``."""
+    return {
+        **os.environ,
+        # Flower starts flower-superexec and flwr-serverapp by name: find ours first,
+        # also when this environment is not activated.
+        "PATH": os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]),
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        **extra,
+    }
+
+
+def start_process(
+    cmd: list[str], env: Mapping[str, str], log_file: Path | None = None
+) -> subprocess.Popen:
+    """Start ``cmd`` in a process group of its own (``stop_process`` ends that group only),
+    its output going to ``log_file`` (discarded when None)."""
+    out = log_file.open("w") if log_file is not None else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            cmd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    finally:
+        if log_file is not None:
+            out.close()
+
+
+def stop_process(process: subprocess.Popen | None, grace: float = 10.0) -> None:
+    """Stop a process started by ``start_process`` and its children: SIGTERM, then SIGKILL."""
+    if process is None or process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_until(
+    ready: Callable[[], bool], process: subprocess.Popen, what: str, log: Path, timeout: float
+) -> None:
+    """Poll ``ready`` until it holds; RunFailed when ``process`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RunFailed(f"{what} exited with {process.returncode}; see {log}")
+        if ready():
+            return
+        time.sleep(0.2)
+    raise RunFailed(f"{what} was not ready within {timeout:.0f}s; see {log}")
+
+
+def http_ok(url: str, ca_file: Path | None = None) -> bool:
+    """Whether ``url`` answers 2xx (``ca_file``: the CA that signed a TLS server's certificate)."""
+    import httpx
+
+    verify = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
+    try:
+        return httpx.get(url, timeout=1.0, verify=verify).is_success
+    except httpx.HTTPError:
+        return False
+
+
 @dataclass
 class LocalSuperLink:
     """A simulation SuperLink on free loopback ports, owned (and stopped) by this process."""
@@ -58,18 +133,11 @@ class LocalSuperLink:
 
     @classmethod
     def create(cls, home: Path) -> LocalSuperLink:
-        http_port, control_port = free_port(), free_port()
-        env = {
-            **os.environ,
-            # Flower starts flower-superexec and flwr-serverapp by name: find ours first,
-            # also when this environment is not activated.
-            "PATH": os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]),
-            "FLWR_HOME": str(home),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-        }
+        env = flwr_env(
+            home,
+            FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+            FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
+        )
         return cls(home=home, env=env)
 
     @property
@@ -96,50 +164,13 @@ class LocalSuperLink:
             "--log-file",
             str(log_file),
         ]
-        self.process = subprocess.Popen(
-            cmd,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RunFailed(
-                    f"flower-superlink exited with {self.process.returncode}; "
-                    f"see superlink.log in the output folder"
-                )
-            if self._healthy():
-                return
-            time.sleep(0.2)
-        raise RunFailed(
-            f"flower-superlink did not start within {timeout:.0f}s; "
-            "see superlink.log in the output folder"
-        )
-
-    def _healthy(self) -> bool:
-        import httpx
-
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.http_port}/health", timeout=1.0).is_success
-        except httpx.HTTPError:
-            return False
+        self.process = start_process(cmd, self.env)
+        health = f"http://127.0.0.1:{self.http_port}/health"
+        wait_until(lambda: http_ok(health), self.process, "flower-superlink", log_file, timeout)
 
     def stop(self) -> None:
         """Stop the SuperLink and everything it started (its own process group only)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process(self.process)
 
 
 def write_resolved(cfg: Mapping[str, Any], out: Path) -> Path:
@@ -162,17 +193,59 @@ def toml_str(value: str) -> str:
     return f"'{value}'"
 
 
-def run_status(link: LocalSuperLink, run_id: str) -> str:
+def run_status(env: Mapping[str, str], superlink: str, run_id: str) -> str:
     """The run's status as the SuperLink records it (e.g. finished:completed)."""
     proc = subprocess.run(
-        [flwr_bin("flwr"), "ls", "local", "--run-id", run_id, "--format", "json"],
-        env=link.env,
+        [flwr_bin("flwr"), "ls", superlink, "--run-id", run_id, "--format", "json"],
+        env=dict(env),
         capture_output=True,
         text=True,
         timeout=60,
     )
     match = re.search(r'"status":\s*"([^"]+)"', proc.stdout)
     return match.group(1) if match else f"unknown ({proc.stdout.strip()[-200:]})"
+
+
+def run_config_arg(exp: Path, out: Path) -> str:
+    """The app's --run-config: the resolved experiment file and the results folder."""
+    return f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}"
+
+
+def submit_run(
+    superlink: str,
+    env: Mapping[str, str],
+    exp: Path,
+    out: Path,
+    *,
+    extra: Sequence[str] = (),
+    stream: bool = True,
+    app_dir: Path = APP_DIR,
+    watch: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """``flwr run --stream`` of the app on a SuperLink connection; check the run's real
+    status and return its results.json, or raise RunFailed (also when ``watch`` does)."""
+    cmd = [
+        flwr_bin("flwr"),
+        "run",
+        str(app_dir),
+        superlink,
+        "--run-config",
+        run_config_arg(exp, out),
+        *extra,
+        "--stream",
+    ]
+    output = _run_logged(cmd, env, out / "flower.log", echo=stream, watch=watch)
+    match = re.search(r"Successfully started run (\d+)", output)
+    if not match:
+        last = output.strip().splitlines()[-1] if output.strip() else "no output"
+        raise RunFailed(f"flwr run did not start the run: {last}")
+    status = run_status(env, superlink, match.group(1))
+    if status != "finished:completed":
+        raise RunFailed(f"run {match.group(1)} ended as {status}; see {out / 'flower.log'}")
+    results = out / "results.json"
+    if not results.is_file():
+        raise RunFailed(f"the run completed but wrote no {results}")
+    return json.loads(results.read_text())
 
 
 def run_simulation(
@@ -186,31 +259,20 @@ def run_simulation(
     link = LocalSuperLink.create(home)
     try:
         link.start()
-        cmd = [
-            flwr_bin("flwr"),
-            "run",
-            str(app_dir),
-            "local",
-            "--run-config",
-            f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}",
-            "--federation-config",
+        resources = (
             f"num-supernodes={cfg['split']['num_clients']} "
             f"client-resources-num-cpus={sim['num_cpus']} "
-            f"client-resources-num-gpus={float(sim['num_gpus'])}",
-            "--stream",
-        ]
-        output = _run_logged(cmd, link.env, out / "flower.log", echo=stream)
-        match = re.search(r"Successfully started run (\d+)", output)
-        if not match:
-            last = output.strip().splitlines()[-1] if output.strip() else "no output"
-            raise RunFailed(f"flwr run did not start the run: {last}")
-        status = run_status(link, match.group(1))
-        if status != "finished:completed":
-            raise RunFailed(f"run {match.group(1)} ended as {status}; see {out / 'flower.log'}")
-        results = out / "results.json"
-        if not results.is_file():
-            raise RunFailed(f"the run completed but wrote no {results}")
-        return json.loads(results.read_text())
+            f"client-resources-num-gpus={float(sim['num_gpus'])}"
+        )
+        return submit_run(
+            "local",
+            link.env,
+            exp,
+            out,
+            extra=["--federation-config", resources],
+            stream=stream,
+            app_dir=app_dir,
+        )
     finally:
         link.stop()
         keep_log(home / "superlink.log", out)
@@ -223,22 +285,46 @@ def keep_log(log_file: Path, out: Path) -> None:
         shutil.copyfile(log_file, out / "superlink.log")
 
 
-def _run_logged(cmd: list[str], env: Mapping[str, str], log_path: Path, echo: bool) -> str:
-    """Run ``flwr run --stream`` into a log file, echoing progress lines when asked."""
-    lines = []
+def _run_logged(
+    cmd: list[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    echo: bool,
+    watch: Callable[[], None] | None = None,
+) -> str:
+    """Run ``flwr run --stream`` into a log file, echoing progress lines when asked.
+
+    ``watch`` is called about once a second while it runs; when it raises, the command is
+    stopped and the error goes on (a deployment's process died: fail now, not at timeout).
+    """
+    lines: list[str] = []
     with log_path.open("w") as log_fh:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
         )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            log_fh.write(line)
-            if echo and _worth_echoing(line):
-                sys.stderr.write(line)
-                sys.stderr.flush()
-        proc.wait()
+        reader = threading.Thread(target=_copy_lines, args=(proc, lines, log_fh, echo))
+        reader.start()
+        try:
+            while proc.poll() is None:
+                if watch is not None:
+                    watch()
+                time.sleep(1.0)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait()
+            reader.join()
     return "".join(lines)
+
+
+def _copy_lines(proc: subprocess.Popen, lines: list[str], log_fh, echo: bool) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        log_fh.write(line)
+        if echo and _worth_echoing(line):
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 def _worth_echoing(line: str) -> bool:

@@ -1,7 +1,10 @@
-"""Datasets as uint8 tensors: IDX files, torchvision datasets, and a synthetic set.
+"""Datasets as uint8 tensors: IDX files, torchvision datasets, a synthetic set, a node's folder.
 
 Every loader returns a :class:`Dataset` with images of shape (N, C, H, W) in
 uint8 and int64 labels. Loads are cached per process (``load_dataset``).
+:data:`DATASET_INFO` holds what a model needs to know about each dataset's images
+without loading them; :func:`load_image_folder` reads a node's own unlabeled
+images (PNG/JPEG files or .npy arrays) in a dataset's format.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ class DatasetRequest:
     download: bool = False
     synthetic_train: int = 4000
     synthetic_test: int = 1000
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What models and augmentation need to know about a dataset's images (no data)."""
+
+    num_classes: int
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    flip: bool
 
 
 @dataclass(frozen=True)
@@ -104,8 +119,24 @@ def _find_idx_dir(root: Path, folders: tuple[str, ...]) -> Path | None:
     return None
 
 
+def _labeled(name: str, train_x, train_y, test_x, test_y) -> Dataset:
+    """A Dataset of registered ``name``, its class count and statistics from DATASET_INFO."""
+    info = DATASET_INFO[name]
+    return Dataset(
+        name=name,
+        train_x=train_x,
+        train_y=train_y,
+        test_x=test_x,
+        test_y=test_y,
+        num_classes=info.num_classes,
+        mean=info.mean,
+        std=info.std,
+        flip=info.flip,
+    )
+
+
 def _idx_loader(
-    name: str, folders: tuple[str, ...], tv_class: str, mean: float, std: float, flip: bool
+    name: str, folders: tuple[str, ...], tv_class: str
 ) -> Callable[[DatasetRequest], Dataset]:
     """A loader for an MNIST-format dataset kept as the four official .gz files."""
 
@@ -122,16 +153,12 @@ def _idx_loader(
                 "(or set dataset.root / SSFL_DATA_DIR to the folder that holds it)"
             )
         arrays = {key: read_idx(found / fname) for key, fname in IDX_FILES.items()}
-        return Dataset(
-            name=name,
-            train_x=torch.from_numpy(arrays["train_x"].copy()).unsqueeze(1),
-            train_y=torch.from_numpy(arrays["train_y"].astype(np.int64)),
-            test_x=torch.from_numpy(arrays["test_x"].copy()).unsqueeze(1),
-            test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
-            num_classes=10,
-            mean=(mean,),
-            std=(std,),
-            flip=flip,
+        return _labeled(
+            name,
+            torch.from_numpy(arrays["train_x"].copy()).unsqueeze(1),
+            torch.from_numpy(arrays["train_y"].astype(np.int64)),
+            torch.from_numpy(arrays["test_x"].copy()).unsqueeze(1),
+            torch.from_numpy(arrays["test_y"].astype(np.int64)),
         )
 
     return load
@@ -159,14 +186,7 @@ def _images_to_nchw(data: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def _torchvision_loader(
-    name: str,
-    tv_class: str,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
-    flip: bool,
-    train_kwargs: dict,
-    test_kwargs: dict,
-    num_classes: int,
+    name: str, tv_class: str, train_kwargs: dict, test_kwargs: dict
 ) -> Callable[[DatasetRequest], Dataset]:
     """A loader for a dataset handled by a torchvision dataset class."""
 
@@ -186,16 +206,12 @@ def _torchvision_loader(
         root, download = Path(request.root), request.download
         train, test = fetch(root, download, train_kwargs), fetch(root, download, test_kwargs)
         labels = "labels" if hasattr(train, "labels") else "targets"
-        return Dataset(
-            name=name,
-            train_x=_images_to_nchw(train.data),
-            train_y=torch.as_tensor(np.asarray(getattr(train, labels)), dtype=torch.int64),
-            test_x=_images_to_nchw(test.data),
-            test_y=torch.as_tensor(np.asarray(getattr(test, labels)), dtype=torch.int64),
-            num_classes=num_classes,
-            mean=mean,
-            std=std,
-            flip=flip,
+        return _labeled(
+            name,
+            _images_to_nchw(train.data),
+            torch.as_tensor(np.asarray(getattr(train, labels)), dtype=torch.int64),
+            _images_to_nchw(test.data),
+            torch.as_tensor(np.asarray(getattr(test, labels)), dtype=torch.int64),
         )
 
     return load
@@ -241,71 +257,64 @@ def make_synthetic(
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
-# name: (torchvision class, mean, std, flip, train kwargs, test kwargs, classes)
+# name: classes, channels, side, per-channel mean and std of the train images, horizontal flip
+DATASET_INFO: dict[str, DatasetInfo] = {
+    "fashion_mnist": DatasetInfo(10, 1, 28, (0.2860,), (0.3530,), flip=True),
+    "mnist": DatasetInfo(10, 1, 28, (0.1307,), (0.3081,), flip=False),
+    "cifar10": DatasetInfo(10, 3, 32, CIFAR_MEAN, CIFAR_STD, flip=True),
+    "cifar100": DatasetInfo(
+        100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), flip=True
+    ),
+    "svhn": DatasetInfo(10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), flip=False),
+    "emnist_balanced": DatasetInfo(47, 1, 28, (0.1751,), (0.3332,), flip=False),
+    "stl10": DatasetInfo(10, 3, 96, (0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713), flip=True),
+    "synthetic28": DatasetInfo(10, 1, 28, (0.5,), (0.25,), flip=False),
+    "synthetic32": DatasetInfo(10, 3, 32, (0.5,) * 3, (0.25,) * 3, flip=False),
+}
+
+# name: (torchvision class, train kwargs, test kwargs)
 TORCHVISION_SPECS: dict[str, tuple] = {
-    "cifar10": ("CIFAR10", CIFAR_MEAN, CIFAR_STD, True, {"train": True}, {"train": False}, 10),
-    "cifar100": (
-        "CIFAR100",
-        (0.5071, 0.4865, 0.4409),
-        (0.2673, 0.2564, 0.2762),
-        True,
-        {"train": True},
-        {"train": False},
-        100,
-    ),
-    "svhn": (
-        "SVHN",
-        (0.4377, 0.4438, 0.4728),
-        (0.1980, 0.2010, 0.1970),
-        False,
-        {"split": "train"},
-        {"split": "test"},
-        10,
-    ),
+    "cifar10": ("CIFAR10", {"train": True}, {"train": False}),
+    "cifar100": ("CIFAR100", {"train": True}, {"train": False}),
+    "svhn": ("SVHN", {"split": "train"}, {"split": "test"}),
     "emnist_balanced": (
         "EMNIST",
-        (0.1751,),
-        (0.3332,),
-        False,
         {"split": "balanced", "train": True},
         {"split": "balanced", "train": False},
-        47,
     ),
-    "stl10": (
-        "STL10",
-        (0.4467, 0.4398, 0.4066),
-        (0.2603, 0.2566, 0.2713),
-        True,
-        {"split": "train"},
-        {"split": "test"},
-        10,
-    ),
+    "stl10": ("STL10", {"split": "train"}, {"split": "test"}),
 }
 
 DATASETS: dict[str, Callable[[DatasetRequest], Dataset]] = {
     "fashion_mnist": _idx_loader(
-        "fashion_mnist",
-        ("fashion-mnist", "FashionMNIST/raw", "."),
-        "FashionMNIST",
-        0.2860,
-        0.3530,
-        flip=True,
+        "fashion_mnist", ("fashion-mnist", "FashionMNIST/raw", "."), "FashionMNIST"
     ),
-    "mnist": _idx_loader("mnist", ("mnist", "MNIST/raw", "."), "MNIST", 0.1307, 0.3081, flip=False),
+    "mnist": _idx_loader("mnist", ("mnist", "MNIST/raw", "."), "MNIST"),
     **{name: _torchvision_loader(name, *spec) for name, spec in TORCHVISION_SPECS.items()},
     "synthetic28": lambda req: make_synthetic(28, req.synthetic_train, req.synthetic_test, 1),
     "synthetic32": lambda req: make_synthetic(32, req.synthetic_train, req.synthetic_test, 3),
 }
 
 
+def _unknown_dataset(name: str) -> ConfigError:
+    return ConfigError(
+        f"config key 'dataset.name': unknown dataset {name!r} "
+        f"(allowed: {', '.join(sorted(DATASETS))})"
+    )
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """Classes, image format and statistics of a registered dataset, without loading it."""
+    if name not in DATASET_INFO:
+        raise _unknown_dataset(name)
+    return DATASET_INFO[name]
+
+
 @functools.lru_cache(maxsize=4)
 def load_dataset(request: DatasetRequest) -> Dataset:
     """Load a registered dataset once per process."""
     if request.name not in DATASETS:
-        raise ConfigError(
-            f"config key 'dataset.name': unknown dataset {request.name!r} "
-            f"(allowed: {', '.join(sorted(DATASETS))})"
-        )
+        raise _unknown_dataset(request.name)
     return DATASETS[request.name](request)
 
 
@@ -319,3 +328,81 @@ def dataset_request(cfg: Mapping[str, Any]) -> DatasetRequest:
         synthetic_train=ds["synthetic_train_size"],
         synthetic_test=ds["synthetic_test_size"],
     )
+
+
+# A node's own unlabeled images (deployment: node-config ``data-path``).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def load_image_folder(path: str | Path, info: DatasetInfo) -> torch.Tensor:
+    """A node's unlabeled images as uint8 (N, C, H, W) in the dataset's channels and size.
+
+    Reads every PNG/JPEG file and .npy array directly inside ``path``, in name order.
+    Images are converted to gray or RGB as ``info`` says and resized (bilinear) to
+    ``info.image_size`` squared. A .npy array holds uint8 values, or floats in [0, 1]:
+    2-D is one gray image; 3-D is one H x W x C image when the last axis has 3 or 4
+    entries, else a stack of gray images; 4-D is N x H x W x C or N x C x H x W.
+    A missing folder, an unreadable file or an empty folder is a one-line ConfigError.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"data-path '{folder}': no such folder")
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (*IMAGE_SUFFIXES, ".npy"))
+    except OSError as err:
+        raise ConfigError(f"data-path '{folder}': cannot list it ({err.strerror})") from err
+    if not files:
+        raise ConfigError(f"data-path '{folder}': no PNG, JPEG or .npy files in it")
+    images: list[np.ndarray] = []
+    for file in files:
+        try:
+            raw = _npy_images(file) if file.suffix.lower() == ".npy" else [_read_image(file)]
+            images.extend(_fit_image(image, info) for image in raw)
+        except (OSError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError
+            reason = " ".join(str(err).split()) or type(err).__name__
+            raise ConfigError(f"data-path '{folder}': cannot read {file.name} ({reason})") from err
+    return torch.from_numpy(np.stack(images))
+
+
+def _read_image(path: Path):
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.load()
+        return image.copy()
+
+
+def _npy_images(path: Path) -> list[np.ndarray]:
+    """The images of one .npy file, each H x W or H x W x 3/4 uint8 (see load_image_folder)."""
+    array = np.load(path, allow_pickle=False)
+    if np.issubdtype(array.dtype, np.floating):
+        if array.size and not 0.0 <= array.min() <= array.max() <= 1.0:
+            raise ValueError(f"float values must lie in [0, 1], found {array.min()}..{array.max()}")
+        array = np.round(array * 255.0).astype(np.uint8)
+    elif array.dtype != np.uint8:
+        raise ValueError(f"expected uint8 or float values, got {array.dtype}")
+    if array.ndim == 2:
+        return [array]
+    if array.ndim == 3:
+        return [array] if array.shape[-1] in (3, 4) else list(array)
+    if array.ndim == 4:
+        if array.shape[-1] not in (1, 3, 4):
+            if array.shape[1] not in (1, 3, 4):
+                raise ValueError(f"no channel axis of size 1, 3 or 4 in shape {array.shape}")
+            array = array.transpose(0, 2, 3, 1)
+        return list(array[..., 0] if array.shape[-1] == 1 else array)
+    raise ValueError(f"expected an array of 2 to 4 dimensions, got shape {array.shape}")
+
+
+def _fit_image(image, info: DatasetInfo) -> np.ndarray:
+    """A PIL image or an H x W (x 3/4) uint8 array -> C x H x W uint8 in the dataset's format."""
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    image = image.convert("L" if info.channels == 1 else "RGB")
+    side = info.image_size
+    if image.size != (side, side):
+        image = image.resize((side, side), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.uint8)
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)

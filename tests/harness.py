@@ -2,11 +2,12 @@
 
 Replies come back in reverse order (the strategy must sort them), and chosen
 partitions fail the way a crashing ClientApp does in Flower: an error reply.
+``node_data`` gives chosen nodes a ``data-path`` (their own image folder) in node-config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
@@ -15,7 +16,12 @@ from client_app import app as client_app
 
 
 class InProcessGrid:
-    def __init__(self, num_nodes: int, fail_partitions: Iterable[int] = ()):
+    def __init__(
+        self,
+        num_nodes: int,
+        fail_partitions: Iterable[int] = (),
+        node_data: Mapping[int, str] | None = None,
+    ):
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
         self.partition = {7000 + 13 * i: i for i in range(num_nodes)}
         self.fail = set(fail_partitions)
@@ -25,7 +31,11 @@ class InProcessGrid:
                 node_id=nid,
                 state=RecordDict(),
                 run_config={},
-                node_config={"partition-id": pid, "num-partitions": num_nodes},
+                node_config={
+                    "partition-id": pid,
+                    "num-partitions": num_nodes,
+                    **({"data-path": node_data[pid]} if pid in (node_data or {}) else {}),
+                },
             )
             for nid, pid in self.partition.items()
         }

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tasks.config import ConfigError
-from tasks.data import DatasetRequest, load_dataset, make_synthetic, read_idx
+from tasks.data import DatasetRequest, dataset_info, load_dataset, make_synthetic, read_idx
 
 
 def test_fashion_mnist_from_idx_files(data_dir):
@@ -44,3 +44,23 @@ def test_synthetic_is_deterministic_and_balanced():
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
     assert a.train_x.shape == (500, 3, 32, 32)
     assert torch.bincount(a.train_y).tolist() == [50] * 10
+
+
+@pytest.mark.parametrize("name", ["synthetic28", "synthetic32", "fashion_mnist", "mnist"])
+def test_dataset_info_matches_the_loaded_dataset(name, request):
+    """DATASET_INFO lets a node with only its own images build the model; it must agree."""
+    root = str(request.getfixturevalue("data_dir")) if "mnist" in name else ""
+    ds = load_dataset(DatasetRequest(name, root, synthetic_train=20, synthetic_test=10))
+    info = dataset_info(name)
+    assert (info.num_classes, info.channels, info.image_size) == (
+        ds.num_classes,
+        ds.channels,
+        ds.image_size,
+    )
+    assert (info.mean, info.std, info.flip) == (ds.mean, ds.std, ds.flip)
+    assert info.num_classes == int(ds.train_y.max()) + 1
+
+
+def test_dataset_info_of_unknown_name_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown dataset 'imagenet'"):
+        dataset_info("imagenet")

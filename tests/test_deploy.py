@@ -1,0 +1,188 @@
+"""Real deployment on loopback (``ssfl deploy-local``): certificates, node keys, refusals,
+the same numbers as ``ssfl run``, and a node that fails on its own."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+from flwr.cli.supernode.register import try_load_public_key
+from flwr.common.config import parse_config_args
+
+from ssfl.certs import make_certificates, make_node_key
+from ssfl.cli import parse_node_data
+from ssfl.deploy import LocalDeployment, last_error, node_config
+from ssfl.runner import RunFailed
+from tasks.config import ConfigError
+from tests.conftest import ROOT
+
+
+def test_server_certificate_is_signed_by_the_ca_for_the_given_hosts(tmp_path):
+    paths = make_certificates(tmp_path, ["superlink", "10.0.0.5"])
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    cert = x509.load_pem_x509_certificate(paths["cert"].read_bytes())
+    ca.public_key().verify(
+        cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm)
+    )
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["superlink", "localhost"]
+    assert san.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("10.0.0.5"),
+        ipaddress.ip_address("127.0.0.1"),
+    ]
+    assert paths["key"].stat().st_mode & 0o077 == 0 and paths["ca_key"].stat().st_mode & 0o077 == 0
+
+
+def test_node_key_pair_is_what_flower_loads(tmp_path):
+    private, public = make_node_key(tmp_path, "node3")
+    key = load_ssh_private_key(private.read_bytes(), None)  # as flower-supernode loads it
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert public.read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert len(try_load_public_key(public)) > 0  # as `flwr supernode register` loads it
+    assert private.stat().st_mode & 0o077 == 0
+
+
+def test_node_config_round_trips_through_flowers_parser():
+    assert parse_config_args([node_config(1, 2)]) == {"partition-id": 1, "num-partitions": 2}
+    parsed = parse_config_args([node_config(0, 2, "/data/my images")])
+    assert parsed == {"partition-id": 0, "num-partitions": 2, "data-path": "/data/my images"}
+
+
+def test_node_data_option(tmp_path):
+    assert parse_node_data([f"1={tmp_path}"], 2) == {1: str(tmp_path)}
+    for bad in ("1", f"x={tmp_path}", "0="):
+        with pytest.raises(ConfigError, match="NODE=FOLDER"):
+            parse_node_data([bad], 2)
+    with pytest.raises(ConfigError, match=r"node 2 not in 0\.\.1"):
+        parse_node_data([f"2={tmp_path}"], 2)
+
+
+def test_last_error_is_flowers_exit_message(tmp_path):
+    log = tmp_path / "n.log"
+    log.write_text(
+        "INFO : start\n\x1b[91mERROR \x1b[0m: Exit Code: 305\nFailed to connect.\n"
+        "[code: 2004] Failed to activate SuperNode.\n\nFor more information, visit: x\n"
+    )
+    assert (
+        last_error(log)
+        == f": Failed to connect. [code: 2004] Failed to activate SuperNode. ({log})"
+    )
+    log.write_text("INFO : start\nERROR : bad thing\n")
+    assert last_error(log) == f": bad thing ({log})"
+
+
+# ----- End-to-end: real SuperLink, SuperNodes and SuperExecs ---------------------------
+
+
+@pytest.fixture
+def two_node_experiment(tmp_path, synthetic_raw) -> Path:
+    """2 nodes, 2 rounds, clients that really train (threshold low enough to keep labels)."""
+    raw = {
+        **synthetic_raw,
+        "dataset": {
+            **synthetic_raw["dataset"],
+            "synthetic_train_size": 600,
+            "synthetic_test_size": 200,
+        },
+        "split": {**synthetic_raw["split"], "num_clients": 2, "test_size": 200},
+        "server": {"bootstrap_epochs": 3, "epochs": 1},
+        "algo": {"threshold": 0.3},
+    }
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def ssfl(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ssfl.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+
+
+@pytest.mark.e2e
+def test_deploy_local_gives_the_numbers_of_ssfl_run(two_node_experiment, tmp_path):
+    common = (str(two_node_experiment), "--nodes", "2", "--rounds", "2", "--quiet")
+    started = time.monotonic()
+    deployed = ssfl("deploy-local", *common, "--out", str(tmp_path / "deploy"))
+    seconds = time.monotonic() - started
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    assert seconds < 180, f"deploy-local took {seconds:.0f}s"
+    logs = tmp_path / "deploy" / "logs"
+    assert "Uvicorn running on https://127.0.0.1" in (logs / "superlink.log").read_text()
+    assert (logs / "superlink.log").read_text().count("[Fleet.ActivateNode] Activated") == 2
+    for k in (0, 1):  # each node's ClientApps ran in its own SuperExec
+        assert (
+            "Start `flwr-clientapp` process" in (logs / f"superexec-supernode-{k}.log").read_text()
+        )
+    simulated = ssfl("run", *common, "--out", str(tmp_path / "sim"))
+    assert simulated.returncode == 0, simulated.stderr[-3000:]
+    dep, sim = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("deploy", "sim"))
+    assert [r["clients"] for r in dep["rounds"]] == [2, 2] and dep["rounds"][0]["mask_rate"] > 0
+    for key in ("test_accuracy", "test_loss", "train_loss", "mask_rate", "bytes_c2s"):
+        assert [r[key] for r in dep["rounds"]] == [r[key] for r in sim["rounds"]], key
+    assert f"{dep['final_test_accuracy']:.4f}" == f"{sim['final_test_accuracy']:.4f}"
+
+
+@pytest.mark.e2e
+def test_node_with_missing_data_folder_fails_alone(two_node_experiment, tmp_path):
+    missing = tmp_path / "no-such-folder"
+    out = tmp_path / "deploy"
+    proc = ssfl(
+        "deploy-local",
+        str(two_node_experiment),
+        *("--nodes", "2", "--rounds", "1", "--quiet"),
+        *("--node-data", f"1={missing}", "--out", str(out)),
+    )
+    assert proc.returncode == 1 and "nodes [1] failed their work" in proc.stderr
+    row = json.loads((out / "results.json").read_text())["rounds"][0]
+    assert row["clients"] == 1 and row["failures"] == 1 and row["failed_partitions"] == [1]
+    assert f"data-path '{missing}': no such folder" in (out / "flower.log").read_text()
+    node_log = (out / "logs" / "superexec-supernode-1.log").read_text()
+    assert f"ConfigError: data-path '{missing}': no such folder" in node_log
+
+
+@pytest.mark.e2e
+def test_unregistered_or_untrusting_node_is_refused(tmp_path):
+    home = Path(tempfile.mkdtemp(prefix="ssfl-test-deploy-"))
+    deployment = LocalDeployment.create(home, tmp_path / "logs")
+    try:
+        deployment.start_superlink()
+        (registered, public), (unregistered, _) = (
+            make_node_key(home / "keys", name) for name in ("node0", "node1")
+        )
+        deployment.register([public])
+        deployment.start_node("good", registered, node_config(0, 1), threads=1)
+        link_log = tmp_path / "logs" / "superlink.log"
+        deadline = time.monotonic() + 180
+        while "[Fleet.ActivateNode] Activated" not in link_log.read_text():
+            assert time.monotonic() < deadline, "the registered node never came online"
+            time.sleep(1)
+        deployment.start_node("unregistered", unregistered, node_config(1, 3), threads=1)
+        other_ca = make_certificates(home / "other")["ca"]
+        deployment.start_node("untrusting", registered, node_config(2, 3), 1, ca=other_ca)
+        assert deployment.processes["unregistered"].wait(timeout=180) != 0
+        assert deployment.processes["untrusting"].wait(timeout=180) != 0
+        assert deployment.processes["good"].poll() is None
+        with pytest.raises(RunFailed) as err:
+            deployment.check_alive()
+        msg = str(err.value)
+        assert "unregistered exited" in msg and "Failed to activate SuperNode" in msg
+        assert "untrusting exited" in msg and "CERTIFICATE_VERIFY_FAILED" in msg
+        text = link_log.read_text()
+        assert "No SuperNode found with the given public key" in text
+        assert text.count("[Fleet.ActivateNode] Activated") == 1
+    finally:
+        deployment.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    assert all(p.poll() is not None for p in deployment.processes.values())
