@@ -112,15 +112,17 @@ class FedMatchClient(ClientHalf):
                 if len(d.labeled_x):
                     self.sigma_step(opt_s, steps)
                 idx = idx.to(d.x.device)
-                counts += self.unlabeled_step(opt_u, d.x[idx], d.true_y[idx])
+                true_y = None if d.true_y is None else d.true_y[idx]
+                counts += self.unlabeled_step(opt_u, d.x[idx], true_y)
                 steps += 1
         if model.decomposed:
             model.prune_psi(self.algo["l1_threshold"])
         seen, kept, right, loss = counts
+        known = {} if d.true_y is None else {"pseudo_label_accuracy": right / max(kept, 1)}
         return {
             "train_loss": loss / max(steps, 1),
             "mask_rate": kept / max(seen, 1),
-            "pseudo_label_accuracy": right / max(kept, 1),
+            **known,
             "helpers": float(len(self.helpers)),
             "dense-bytes": float(dense_model_bytes(model)),
         }
@@ -140,9 +142,12 @@ class FedMatchClient(ClientHalf):
         opt.step()
 
     def unlabeled_step(
-        self, opt: torch.optim.Optimizer, xb: torch.Tensor, true_y: torch.Tensor
+        self, opt: torch.optim.Optimizer, xb: torch.Tensor, true_y: torch.Tensor | None
     ) -> np.ndarray:
-        """Eq. 5 on one unlabeled batch, sigma frozen; returns the batch's counts."""
+        """Eq. 5 on one unlabeled batch, sigma frozen; returns the batch's counts.
+
+        ``true_y`` (hidden labels, for the diagnostics only) is None on a node that has
+        unlabeled images alone."""
         algo, model = self.algo, self.model
         model.train_only(model.unlabeled_part)
         logits = model(xb)
@@ -163,7 +168,7 @@ class FedMatchClient(ClientHalf):
             )(xs)
             loss = loss + algo["lambda_a"] * F.cross_entropy(model(view), labels)
             loss = loss + algo["lambda_i"] * inter_client_kl(helper_probs, logits[sel])
-            right = int((labels == true_y[sel]).sum())
+            right = 0 if true_y is None else int((labels == true_y[sel]).sum())
         if loss.requires_grad:
             opt.zero_grad(set_to_none=True)
             loss.backward()
