@@ -113,20 +113,16 @@ class LocalDeployment:
             ],
         )
 
-    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        """A Flower CLI command against this SuperLink."""
-        return subprocess.run(
-            [flwr_bin("flwr"), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
     def register(self, public_keys: list[Path]) -> None:
         """Register SuperNode public keys with the SuperLink (``flwr supernode register``)."""
         for key in public_keys:
-            proc = self.flwr("supernode", "register", str(key), SUPERLINK)
+            proc = subprocess.run(
+                [flwr_bin("flwr"), "supernode", "register", str(key), SUPERLINK],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if proc.returncode != 0 or "registered successfully" not in proc.stdout:
                 detail = " ".join((proc.stdout + proc.stderr).split())[-300:]
                 raise RunFailed(f"could not register {key.name}: {detail}")
