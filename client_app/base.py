@@ -37,6 +37,9 @@ from tasks.train import (
     to_float,
 )
 
+# context.state key of the SGD momentum buffers kept across rounds (client.keep_momentum).
+MOMENTUM_KEY = "sgd-momentum"
+
 
 @dataclass(frozen=True)
 class ClientData:
@@ -188,6 +191,7 @@ class ClientHalf(ABC):
             self.round,
         )
         self.model = self.build_model()
+        self.opt: torch.optim.Optimizer | None = None
         self.load_model()
         # Seeded after the model is built, so the training stream depends on the seed alone.
         self.generator = seed_torch(
@@ -202,10 +206,30 @@ class ClientHalf(ABC):
         self.model.load_state_dict(self.content["arrays"].to_torch_state_dict())
 
     def optimizer(self) -> torch.optim.Optimizer:
+        """SGD; with client.keep_momentum, the momentum buffers of this node's last round."""
         ccfg = self.cfg["client"]
-        return make_sgd(
+        self.opt = make_sgd(
             self.model, self.lr, ccfg["momentum"], ccfg["weight_decay"], ccfg["nesterov"]
         )
+        if ccfg["keep_momentum"] and MOMENTUM_KEY in self.state:
+            record = self.state[MOMENTUM_KEY]
+            for i, param in enumerate(self.model.parameters()):
+                if str(i) in record:
+                    buf = torch.from_numpy(record[str(i)].numpy()).to(param.device)
+                    self.opt.state[param]["momentum_buffer"] = buf
+        return self.opt
+
+    def save_momentum(self) -> None:
+        """Keep the round's momentum buffers in context.state (client.keep_momentum)."""
+        if self.opt is None or not self.cfg["client"]["keep_momentum"]:
+            return
+        params = list(self.model.parameters())
+        buffers = {
+            str(i): self.opt.state[p]["momentum_buffer"].detach().cpu()
+            for i, p in enumerate(params)
+            if self.opt.state[p].get("momentum_buffer") is not None
+        }
+        self.state[MOMENTUM_KEY] = ArrayRecord(buffers)
 
     def round_steps(self, n: int | None = None) -> int:
         """SGD steps this round: client.local_steps (T), else epochs over n (unlabeled) samples."""
@@ -250,6 +274,7 @@ class ClientHalf(ABC):
 
     def reply(self) -> RecordDict:
         metrics = self.train()
+        self.save_momentum()
         content = RecordDict(self.reply_arrays())
         content["metrics"] = MetricRecord(
             {

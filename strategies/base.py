@@ -138,6 +138,7 @@ class SSFLStrategy(Strategy):
         self.stats = RoundStats()
         self.round_metrics: dict[str, float] = {}
         self.config_json = json.dumps(self.cfg, sort_keys=True)
+        self.server_opt: torch.optim.Optimizer | None = None
         self.weak = WeakAugment(
             server.dataset.image_size, server.dataset.flip, self.cfg["augment"]["weak_shift"]
         ).to(server.device)
@@ -266,6 +267,23 @@ class SSFLStrategy(Strategy):
         """E_s epochs of SGD on the labeled set with weak augmentation (FedSEAL eq. 3-4)."""
         return self.server_train(server_round, self.cfg["server"]["epochs"])
 
+    def server_optimizer(self, server_round: int) -> torch.optim.Optimizer:
+        """The SGD optimizer of a round of server training: a fresh one, or with
+        server.keep_momentum one for the whole run (its rate is set at every step)."""
+        if self.server_opt is not None:
+            return self.server_opt
+        scfg = self.cfg["server"]
+        opt = make_sgd(
+            self.server.model,
+            self.server_lr(server_round),
+            scfg["momentum"],
+            scfg["weight_decay"],
+            scfg["nesterov"],
+        )
+        if scfg["keep_momentum"]:
+            self.server_opt = opt
+        return opt
+
     def server_train(self, server_round: int, epochs: int, loss_fn=None) -> dict[str, float]:
         """``epochs`` epochs on the labeled set, or server.local_steps steps when that is > 0."""
         scfg = self.cfg["server"]
@@ -274,13 +292,7 @@ class SSFLStrategy(Strategy):
         if n == 0 or round_steps == 0:
             return {}
         gen = seed_torch(derive_seed(self.cfg["seed"], "server", server_round))
-        opt = make_sgd(
-            self.server.model,
-            self.server_lr(server_round),
-            scfg["momentum"],
-            scfg["weight_decay"],
-            scfg["nesterov"],
-        )
+        opt = self.server_optimizer(server_round)
         kwargs = {"loss_fn": loss_fn} if loss_fn is not None else {}
         out = supervised_epochs(
             self.server.model,

@@ -38,7 +38,9 @@ class SSFLFedAvg(SSFLStrategy):
     def defaults(cls) -> dict[str, Any]:
         # SSFL benchmark App. A.3 / Table A.1 and the official code: SGD with Nesterov
         # momentum 0.9, weight decay 1e-4, batch 64, cosine schedule eq. 9; T = 16 (3.3).
+        # Every rank of the official code keeps its SGD state for the whole run.
         sgd = {
+            "keep_momentum": True,
             "bootstrap_epochs": 0,
             "epochs": 0,
             "local_steps": 16,

@@ -66,6 +66,8 @@ DEFAULTS: dict[str, Any] = {
         "nesterov": False,
         # T of the SSFL benchmark: SGD steps per round; 0 = count in epochs instead.
         "local_steps": 0,
+        # Keep the SGD momentum buffers from round to round (the SSFL benchmark's code).
+        "keep_momentum": False,
     },
     "client": {
         "epochs": 1,
@@ -77,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
         "proximal_mu": 0.0,
         "nesterov": False,
         "local_steps": 0,
+        "keep_momentum": False,
     },
     # Learning rate of both halves: "exponential" = lr * lr_decay^(round - 1); "cosine" =
     # SSFL benchmark eq. 9 per SGD step, one epoch = epoch_samples / batch_size steps,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from client_app.base import MOMENTUM_KEY
 from strategies import METHODS
 from strategies.base import ServerSide
 from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
@@ -157,11 +158,17 @@ def run_harness(raw: dict, grid: InProcessGrid):
 
 
 def test_t_is_counted_in_sgd_steps_for_server_and_users():
-    rows, _, split = run_harness(ssfl_raw("ssfl_fedavg", loss="selftrain"), InProcessGrid(4))
+    grid = InProcessGrid(4)
+    rows, strategy, split = run_harness(ssfl_raw("ssfl_fedavg", loss="selftrain"), grid)
     assert min(split.summary["client_sizes"]) > 100  # one epoch would be 13+ batches of 8
     for row in rows:
         assert row["local_steps"] == 3.0 and row["server_steps"] == 5.0
         assert row["clients"] == 4 and 0.0 < row["weight_diversity"] < math.inf
+    # keep_momentum (official code): the SGD state outlives the round on both sides.
+    params = list(strategy.server.model.parameters())
+    assert strategy.server_opt is not None and len(strategy.server_opt.state) == len(params)
+    for ctx in grid.contexts.values():
+        assert len(ctx.state[MOMENTUM_KEY]) == len(params)
 
 
 def test_fedrgd_sends_each_group_its_average_and_the_server_the_mean():
