@@ -63,11 +63,14 @@ TABLES: dict[str, Table] = {
             ),
             Row("FedAvg-UDA", f"{FMNIST}/fedavg_uda.yaml", {"Non-IID": 0.7915, "IID": 0.7995}),
             Row("FedSEAL", f"{FMNIST}/fedseal.yaml", {"Non-IID": 0.8418, "IID": 0.8428}),
+            Row("FedMatch", f"{FMNIST}/fedmatch.yaml", {}),
         ],
         baseline="Server-SL",
         notes=[
             "Paper: ResNet-18, rounds not stated. Ours: the experiments' model (small CNN "
             "unless overridden), the same split and seed for every cell.",
+            "FedMatch is not in FedSEAL's Table 1 (its Table 2 has it on CIFAR-10): no paper "
+            "number.",
         ],
     ),
     "fedmatch-table2": Table(
@@ -174,13 +177,21 @@ def fmt(value: float | None, spec: str) -> str:
     return "not run" if value is None else format(value, spec)
 
 
+def paper_fmt(value: float | None, spec: str) -> str:
+    """A paper's number, or "-" where the paper has none."""
+    return "-" if value is None else format(value, spec)
+
+
 def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> str:
     """Our final accuracy beside the paper's, per column; a gain line against the baseline."""
     cols = list(table.columns)
     head = "| method | " + " | ".join(f"{c} ours | {c} paper" for c in cols) + " |"
     lines = [f"### {table.title}", "", head, "|---|" + "---|---|" * len(cols)]
     for row in table.rows:
-        cells = [f"{fmt(final(results, row.label, c), '.4f')} | {row.paper[c]:.4f}" for c in cols]
+        cells = [
+            f"{fmt(final(results, row.label, c), '.4f')} | {paper_fmt(row.paper.get(c), '.4f')}"
+            for c in cols
+        ]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     if table.baseline:
         base = next(r for r in table.rows if r.label == table.baseline)
@@ -191,7 +202,9 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
             for c in cols:
                 ours, ref = final(results, row.label, c), final(results, base.label, c)
                 gain = None if ours is None or ref is None else ours - ref
-                gains.append(f"{fmt(gain, '+.4f')} | {row.paper[c] - base.paper[c]:+.4f}")
+                paper = row.paper.get(c)
+                paper_gain = None if paper is None else paper - base.paper[c]
+                gains.append(f"{fmt(gain, '+.4f')} | {paper_fmt(paper_gain, '+.4f')}")
             lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(gains) + " |")
     lines += costs(table, results)
     rounds = sorted({len(r["rounds"]) for r in results.values()})

@@ -31,6 +31,8 @@ import yaml
 
 APP_DIR = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
+# The app's packages: pyproject.toml's wheel packages (a test keeps the two equal).
+APP_PACKAGES = ("server_app", "client_app", "strategies", "tasks", "ssfl")
 
 
 class RunFailed(RuntimeError):
@@ -211,6 +213,20 @@ def run_config_arg(exp: Path, out: Path) -> str:
     return f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}"
 
 
+def stage_app(app_dir: Path, dest: Path) -> Path:
+    """Copy what the FAB holds (pyproject.toml, the packages, experiments/) into ``dest``.
+
+    ``flwr run`` walks every file under the folder it is given, a .venv and run folders
+    included, before it filters them (5 s a run here); the staged copy holds only the app.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(app_dir / "pyproject.toml", dest / "pyproject.toml")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in [*APP_PACKAGES, "experiments"]:
+        shutil.copytree(app_dir / name, dest / name, ignore=skip)
+    return dest
+
+
 def submit_run(
     superlink: str,
     env: Mapping[str, str],
@@ -224,17 +240,18 @@ def submit_run(
 ) -> dict[str, Any]:
     """``flwr run --stream`` of the app on a SuperLink connection; check the run's real
     status and return its results.json, or raise RunFailed (also when ``watch`` does)."""
-    cmd = [
-        flwr_bin("flwr"),
-        "run",
-        str(app_dir),
-        superlink,
-        "--run-config",
-        run_config_arg(exp, out),
-        *extra,
-        "--stream",
-    ]
-    output = _run_logged(cmd, env, out / "flower.log", echo=stream, watch=watch)
+    with tempfile.TemporaryDirectory(prefix="ssfl-app-") as stage:
+        cmd = [
+            flwr_bin("flwr"),
+            "run",
+            str(stage_app(app_dir, Path(stage) / "app")),
+            superlink,
+            "--run-config",
+            run_config_arg(exp, out),
+            *extra,
+            "--stream",
+        ]
+        output = _run_logged(cmd, env, out / "flower.log", echo=stream, watch=watch)
     match = re.search(r"Successfully started run (\d+)", output)
     if not match:
         last = output.strip().splitlines()[-1] if output.strip() else "no output"

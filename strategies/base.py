@@ -285,10 +285,14 @@ class SSFLStrategy(Strategy):
         return opt
 
     def server_train(self, server_round: int, epochs: int, loss_fn=None) -> dict[str, float]:
-        """``epochs`` epochs on the labeled set, or server.local_steps steps when that is > 0."""
+        """``epochs`` epochs on the labeled set, or T = server.local_steps steps when > 0.
+
+        Round 0 (the bootstrap) always counts epochs.
+        """
         scfg = self.cfg["server"]
         n = len(self.server.labeled_x)
-        round_steps = steps_per_round(n, scfg["batch_size"], epochs, scfg["local_steps"])
+        steps = scfg["local_steps"] if server_round > 0 else 0
+        round_steps = steps_per_round(n, scfg["batch_size"], epochs, steps)
         if n == 0 or round_steps == 0:
             return {}
         gen = seed_torch(derive_seed(self.cfg["seed"], "server", server_round))
@@ -303,14 +307,17 @@ class SSFLStrategy(Strategy):
             batch_size=scfg["batch_size"],
             generator=gen,
             augment=self.weak,
-            local_steps=scfg["local_steps"],
+            local_steps=steps,
             lr_at=lambda step: self.server_lr(server_round, step, round_steps),
             **kwargs,
         )
         return {"server_loss": out["loss"], "server_steps": out["steps"]}
 
     def bootstrap(self) -> None:
-        """Initial model trained on the server's labeled data alone (FedSEAL 4.1.3)."""
+        """Initial model: server.bootstrap_epochs epochs on the labeled data (FedSEAL 4.1.3).
+
+        Counted in epochs even when rounds count T steps (server.local_steps).
+        """
         epochs = self.cfg["server"]["bootstrap_epochs"]
         if epochs:
             self.server_train(0, epochs)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ssfl.runner import APP_PACKAGES, stage_app
 from strategies import METHODS
 from tests.conftest import ROOT
 
@@ -149,3 +150,14 @@ def test_sigterm_stops_the_superlink_the_run_started(tmp_path, synthetic_raw):
     time.sleep(1.0)
     assert not alive(links[0])
     assert (out / "superlink.log").stat().st_size > 0  # kept before its scratch home went
+
+
+def test_the_staged_app_holds_the_packages_pyproject_lists(tmp_path):
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert list(APP_PACKAGES) == meta["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    stage = stage_app(ROOT, tmp_path / "app")
+    names = sorted(p.name for p in stage.iterdir())
+    assert names == sorted([*APP_PACKAGES, "experiments", "pyproject.toml"])
+    assert (stage / "experiments/fmnist-las/fedseal.yaml").is_file()
+    assert not list(stage.rglob("__pycache__"))

@@ -41,6 +41,7 @@ ACCS = {
     "FedAvg-FixMatch": 0.79,
     "FedAvg-UDA": 0.78,
     "FedSEAL": 0.84,
+    "FedMatch": 0.81,
 }
 
 
@@ -49,6 +50,8 @@ def test_table_from_finished_cells(tmp_path):
     text = reproduce("fedseal-table1", tmp_path, None, [])
     assert "| FedSEAL | 0.8400 | 0.8418 | 0.8400 | 0.8428 |" in text
     assert "| FedSEAL - Server-SL | +0.0400 | +0.0447 | +0.0400 | +0.0403 |" in text
+    assert "| FedMatch | 0.8100 | - | 0.8100 | - |" in text  # not in the paper's table
+    assert "| FedMatch - Server-SL | +0.0100 | - | +0.0100 | - |" in text
     assert "after 3 rounds" in text
     assert (tmp_path / "table.md").read_text().strip() == text.strip()
     assert (tmp_path / "accuracy.png").stat().st_size > 0
@@ -65,7 +68,7 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
     monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
     monkeypatch.setattr("ssfl.cli.check_data", lambda cfg: cfg)
     text = reproduce("fedseal-table1", tmp_path, None, ["client.lr=0.123"])
-    assert len(ran) == 10  # client.lr is in every cell's config, Server-SL's too
+    assert len(ran) == 12  # client.lr is in every cell's config, Server-SL's too
     assert all(lr == pytest.approx(0.123) for _, lr, _ in ran)
     assert "0.5000" in text
 
@@ -85,7 +88,8 @@ def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
 
 def test_no_run_tables_the_finished_cells_only(tmp_path, monkeypatch):
     write_table_cells(tmp_path, ACCS)
-    (cell_dir(tmp_path, TABLES["fedseal-table1"].rows[-1], "IID") / "results.json").unlink()
+    fedseal = next(r for r in TABLES["fedseal-table1"].rows if r.label == "FedSEAL")
+    (cell_dir(tmp_path, fedseal, "IID") / "results.json").unlink()
     monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
     text = reproduce("fedseal-table1", tmp_path, None, [], run=False)
     assert "| FedSEAL | 0.8400 | 0.8418 | not run | 0.8428 |" in text

@@ -171,6 +171,29 @@ def test_t_is_counted_in_sgd_steps_for_server_and_users():
         assert len(ctx.state[MOMENTUM_KEY]) == len(params)
 
 
+def test_bootstrap_counts_epochs_while_rounds_count_t_steps():
+    raw = ssfl_raw("ssfl_fedavg")
+    raw["server"].update(bootstrap_epochs=2, keep_momentum=False)
+    cfg = resolve(raw)
+    ds, split = get_split(cfg)
+    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    strategy = METHODS[cfg["method"]].strategy(server, lambda row: None)
+    steps: list[int] = []
+    make_optimizer = strategy.server_optimizer
+
+    def counted(server_round: int) -> torch.optim.Optimizer:
+        opt = make_optimizer(server_round)
+        opt.register_step_post_hook(lambda *_: steps.append(server_round))
+        return opt
+
+    strategy.server_optimizer = counted
+    strategy.bootstrap()
+    assert len(server.labeled_x) == 50  # 2 epochs of ceil(50 / 8) = 7 batches, not T = 5
+    assert steps == [0] * 14
+    strategy.server_train(1, 0)
+    assert steps[14:] == [1] * 5  # a round: T = server.local_steps
+
+
 def test_fedrgd_sends_each_group_its_average_and_the_server_the_mean():
     grid = InProcessGrid(4)
     rows, strategy, _ = run_harness(ssfl_raw("fedrgd", groups=2, threshold=0.0), grid)
