@@ -1,8 +1,10 @@
 """``ssfl sweep``: run one experiment over a grid of config values; a table and a plot.
 
 Each cell is the experiment with one combination of the grid's values, applied after
-the ``--set`` overrides. Every cell is resolved and its split built before any training,
-so a bad value fails first. A cell whose folder holds a results.json made with the same
+the ``--set`` overrides. ``a.b+c.d=v1,v2`` ties keys: both take each value together
+(the SSFL benchmark's T is ``client.local_steps`` and ``server.local_steps`` at once).
+Every cell is resolved and its split built before any training, so a bad value fails
+first. A cell whose folder holds a results.json made with the same
 resolved config is reused; any other cell is (re)run. Writes ``DIR/table.md`` (one row
 per cell), ``DIR/sweep.png`` (final accuracy against the first grid key, one line per
 combination of the other keys) and ``DIR/accuracy.png`` (every cell's curve).
@@ -29,7 +31,7 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
     for item in items:
         key, sep, values = item.partition("=")
         parts = [v.strip() for v in values.split(",")]
-        if not sep or not key.strip() or not all(parts):
+        if not sep or not all(k.strip() for k in key.split("+")) or not all(parts):
             raise ConfigError(f"--set-grid '{item}' is not of the form key=v1,v2,...")
         if any(key.strip() == k for k, _ in grid):
             raise ConfigError(f"--set-grid: key '{key.strip()}' given twice")
@@ -41,6 +43,11 @@ def grid_cells(grid: list[tuple[str, list[Any]]]) -> list[Cell]:
     """Every combination of the grid's values, in the order given."""
     keys = [k for k, _ in grid]
     return [tuple(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
+
+
+def cell_overrides(cell: Cell) -> list[str]:
+    """The cell's values as --set overrides, one per key of a tied a+b key."""
+    return [f"{k.strip()}={v}" for key, v in cell for k in key.split("+")]
 
 
 def cell_label(cell: Cell) -> str:
@@ -85,7 +92,7 @@ def sweep(
     cells = grid_cells(grid)
     configs = []
     for cell in cells:
-        cfg = resolve_experiment(experiment, rounds, None, [*sets, *(f"{k}={v}" for k, v in cell)])
+        cfg = resolve_experiment(experiment, rounds, None, [*sets, *cell_overrides(cell)])
         check_data(cfg)
         configs.append(cfg)
     out.mkdir(parents=True, exist_ok=True)

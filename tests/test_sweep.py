@@ -9,7 +9,7 @@ import yaml
 
 import ssfl.runner
 from ssfl.cli import main, resolve_experiment
-from ssfl.sweep import cell_dir, grid_cells, parse_grid, sweep
+from ssfl.sweep import cell_dir, cell_overrides, grid_cells, parse_grid, sweep
 from tasks.config import ConfigError
 from tasks.results import plot_curves, plot_sweep
 
@@ -21,7 +21,14 @@ def test_parse_grid_and_cells():
     assert len(cells) == 6 and cells[1] == (("split.target_r", 0), ("method", "fedrgd"))
 
 
-@pytest.mark.parametrize("item", ["rounds", "=1,2", "rounds=1,,2", "rounds="])
+def test_tied_keys_take_each_value_together():
+    grid = parse_grid(["client.local_steps+server.local_steps=2,8", "seed=0,1"])
+    cells = grid_cells(grid)
+    assert len(cells) == 4
+    assert cell_overrides(cells[2]) == ["client.local_steps=8", "server.local_steps=8", "seed=0"]
+
+
+@pytest.mark.parametrize("item", ["rounds", "=1,2", "rounds=1,,2", "rounds=", "a+=1,2"])
 def test_bad_grid_is_a_config_error(item):
     with pytest.raises(ConfigError, match="--set-grid"):
         parse_grid([item])
