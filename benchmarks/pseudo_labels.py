@@ -41,7 +41,6 @@ def user_pseudo_labels(model, x, y, weak, threshold: float, batch_size: int, k: 
     conf, pred = probs.max(dim=1)
     kept = conf >= threshold
     return {
-        "size": len(y),
         "true": class_counts(y, k),
         "kept": class_counts(pred[kept], k),
         "kept_right": class_counts(pred[kept & (pred == y)], k),
@@ -76,9 +75,7 @@ def main() -> None:
         )
         for idx in split.clients
     ]
-    total = {
-        key: np.sum([u[key] for u in users], axis=0).tolist() for key in users[0] if key != "size"
-    }
+    total = {key: np.sum([u[key] for u in users], axis=0).tolist() for key in users[0]}
     report = {"test_accuracy": test_acc, "threshold": threshold, "users": users, "total": total}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pseudo_labels.json").write_text(json.dumps(report, indent=1))

@@ -173,6 +173,8 @@ class ClientHalf(ABC):
 
     # Whether ``train`` honours client.local_steps and the lr_schedule (checked by the config).
     counts_steps = False
+    # Whether ``train`` honours client.keep_momentum (checked by the config).
+    keeps_momentum = True
 
     def __init__(
         self, content: RecordDict, state: RecordDict, partition_id: int, data_path: str = ""

@@ -49,6 +49,8 @@ def randaugment(n: int, m: float, channels: int, device: str) -> RandAugment:
 class FedMatchClient(ClientHalf):
     """Local FedMatch training of one client in one round (both scenarios)."""
 
+    keeps_momentum = False  # one SGD per part, built every round (official code)
+
     def build_model(self) -> Decomposed:
         net = model_for(self.cfg["model"], self.data)
         return Decomposed(net, self.algo["psi_factor"], self.algo["decomposition"]).to(self.device)

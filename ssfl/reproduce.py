@@ -172,14 +172,9 @@ def final(results: dict[tuple[str, str], dict[str, Any]], label: str, column: st
     return None if res is None else res["final_test_accuracy"]
 
 
-def fmt(value: float | None, spec: str) -> str:
-    """A number for the table, or "not run"."""
-    return "not run" if value is None else format(value, spec)
-
-
-def paper_fmt(value: float | None, spec: str) -> str:
-    """A paper's number, or "-" where the paper has none."""
-    return "-" if value is None else format(value, spec)
+def fmt(value: float | None, spec: str, missing: str = "not run") -> str:
+    """A number for the table, or ``missing`` ("-" for a number the paper does not have)."""
+    return missing if value is None else format(value, spec)
 
 
 def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> str:
@@ -189,7 +184,7 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
     lines = [f"### {table.title}", "", head, "|---|" + "---|---|" * len(cols)]
     for row in table.rows:
         cells = [
-            f"{fmt(final(results, row.label, c), '.4f')} | {paper_fmt(row.paper.get(c), '.4f')}"
+            f"{fmt(final(results, row.label, c), '.4f')} | {fmt(row.paper.get(c), '.4f', '-')}"
             for c in cols
         ]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
@@ -204,7 +199,7 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
                 gain = None if ours is None or ref is None else ours - ref
                 paper = row.paper.get(c)
                 paper_gain = None if paper is None else paper - base.paper[c]
-                gains.append(f"{fmt(gain, '+.4f')} | {paper_fmt(paper_gain, '+.4f')}")
+                gains.append(f"{fmt(gain, '+.4f')} | {fmt(paper_gain, '+.4f', '-')}")
             lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(gains) + " |")
     lines += costs(table, results)
     rounds = sorted({len(r["rounds"]) for r in results.values()})

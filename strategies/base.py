@@ -119,6 +119,8 @@ class SSFLStrategy(Strategy):
     """Base server half: FedAvg of client models plus an optional supervised server step."""
 
     uses_clients = True
+    # Whether server training honours server.keep_momentum (checked by the config).
+    keeps_momentum = True
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -46,6 +46,8 @@ def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 class FedMatch(SSFLStrategy):
     """Server half of FedMatch for both scenarios (``split.scenario``)."""
 
+    keeps_momentum = False  # sigma's optimizer is built every round (official code)
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         # The official code's labels-at-server values (reference-implementations.md; paper

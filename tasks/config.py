@@ -239,6 +239,13 @@ def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
             f"method {method!r} trains its clients in epochs at one rate a round: "
             "client.local_steps must be 0 and lr_schedule.name 'exponential'"
         )
+    halves = {"server": METHODS[method].strategy, "client": client}
+    for half, cls in halves.items():
+        if cfg[half]["keep_momentum"] and cls is not None and not cls.keeps_momentum:
+            raise ConfigError(
+                f"config key '{half}.keep_momentum': method {method!r} does not keep its "
+                f"{half}'s SGD state across rounds; set it to false"
+            )
     for key, allowed in {**CHOICES, **_registered_choices()}.items():
         value = _get(cfg, key)
         if value not in allowed:

@@ -226,6 +226,8 @@ def test_fedrgd_sends_each_group_its_average_and_the_server_the_mean():
         ("fedseal", {"client": {"local_steps": 4}}, r"trains its clients in epochs"),
         ("fedseal", {"lr_schedule": {"name": "cosine"}}, r"trains its clients in epochs"),
         ("server_sl", {"lr_schedule": {"epochs": 2.0, "warmup_epochs": 2.0}}, r"warmup_epochs"),
+        ("fedmatch", {"client": {"keep_momentum": True}}, r"'client.keep_momentum'"),
+        ("fedmatch", {"server": {"keep_momentum": True}}, r"'server.keep_momentum'"),
     ],
 )
 def test_bad_ssfl_values_are_config_errors(method, overrides, pattern):
