@@ -13,6 +13,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from client_app.base import ClientHalf
+from tasks.augment import augment_grouped
 from tasks.selfensemble import (
     complementary_labels,
     lambda_ramp,
@@ -76,7 +77,8 @@ class FedSEALClient(ClientHalf):
         """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16).
 
         Each batch of the local data contributes the mean loss of its positives (strong
-        view) and of its negatives (plain view); batches with neither are skipped.
+        view, drawn for a group of batches at once) and of its negatives (plain view);
+        batches with neither are skipped.
         """
         d, ccfg = self.data, self.cfg["client"]
         _, strong = self.augmenters()
@@ -84,12 +86,16 @@ class FedSEALClient(ClientHalf):
         self.model.train()
         total, steps = 0.0, 0
         for _ in range(ccfg["epochs"]):
-            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator):
-                idx = idx.to(d.x.device)
-                p_idx, n_idx = idx[pos[idx]], idx[neg[idx]]
+            batches = [
+                idx.to(d.x.device)
+                for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator)
+            ]
+            positives = augment_grouped(d.x, [idx[pos[idx]] for idx in batches], strong)
+            for idx, (p_idx, p_view) in zip(batches, positives, strict=True):
+                n_idx = idx[neg[idx]]
                 if len(p_idx) + len(n_idx) == 0:
                     continue
-                logits = self.model(torch.cat([strong(d.x[p_idx]), d.x[n_idx]]))
+                logits = self.model(torch.cat([p_view, d.x[n_idx]]))
                 loss = logits.new_zeros(())
                 if len(p_idx):
                     loss = loss + lam * positive_loss(logits[: len(p_idx)], pos_labels[p_idx])

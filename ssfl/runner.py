@@ -10,6 +10,7 @@ The process, environment and submission helpers here are shared with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -85,19 +86,66 @@ def start_process(
 
 
 def stop_process(process: subprocess.Popen | None, grace: float = 10.0) -> None:
-    """Stop a process started by ``start_process`` and its children: SIGTERM, then SIGKILL."""
+    """Stop a process started by ``start_process`` and everything it started: SIGTERM, then
+    SIGKILL.
+
+    Flower's SuperLink starts flower-superexec in a session of its own, which starts the
+    simulation (and Ray); those only watch their parent and can outlive it while busy, so
+    the process groups of all descendants are stopped too, not only the SuperLink's.
+    """
     if process is None or process.poll() is not None:
         return
+    groups = [process.pid, *descendant_groups(process.pid)]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+        if wait_gone(process, groups[1:], wait):
             return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+
+
+def wait_gone(process: subprocess.Popen, groups: list[int], timeout: float) -> bool:
+    """Whether ``process`` exited and ``groups`` emptied within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None and not any(group_alive(g) for g in groups):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Children of every process, from ``ps`` (Linux and macOS)."""
+    out = subprocess.run(
+        ["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, check=False
+    ).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        pid, ppid = (int(v) for v in line.split())
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of ``pid``'s descendants other than ``pid``'s own group."""
+    children, todo, groups = process_tree(), [pid], []
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            with contextlib.suppress(ProcessLookupError):
+                group = os.getpgid(child)
+                if group not in (pid, *groups):
+                    groups.append(group)
+    return groups
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def wait_until(

@@ -10,9 +10,14 @@ the op choice per sample is done here; the image ops themselves are kornia's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from kornia import augmentation as K
 from torch import nn
+
+# Images augmented per call by augment_grouped (the op count per call is fixed).
+AUGMENT_GROUP = 1024
 
 
 class WeakAugment(nn.Module):
@@ -91,3 +96,34 @@ class StrongAugment(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.cutout(self.randaugment(self.weak(x)))
+
+
+def augment_grouped(
+    x: torch.Tensor,
+    batches: Iterable[torch.Tensor],
+    augment: nn.Module,
+    group_size: int = AUGMENT_GROUP,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(idx, augment(x[idx])) for every index batch, augmenting about ``group_size``
+    images per call.
+
+    Every image still gets its own random ops; only the number of calls changes (each
+    RandAugment call runs all of its ops once, so per-batch calls on small batches cost
+    mostly call overhead).
+    """
+    pending: list[torch.Tensor] = []
+    for idx in batches:
+        pending.append(idx)
+        if sum(len(i) for i in pending) >= group_size:
+            yield from _augment_pending(x, pending, augment)
+            pending = []
+    yield from _augment_pending(x, pending, augment)
+
+
+def _augment_pending(
+    x: torch.Tensor, pending: list[torch.Tensor], augment: nn.Module
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    if not pending:
+        return
+    views = augment(x[torch.cat(pending)]) if sum(len(i) for i in pending) else x[:0]
+    yield from zip(pending, views.split([len(i) for i in pending]), strict=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -134,12 +135,23 @@ def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
+EXPONENT_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
 def parse_scalar(text: str) -> Any:
     """Parse an override value the way YAML reads a scalar ('0.1' -> 0.1, 'true' -> True)."""
     try:
-        return yaml.safe_load(text) if text.strip() else ""
+        value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         return text
+    return as_float_if_numeric(value)
+
+
+def as_float_if_numeric(value: Any) -> Any:
+    """'4e-5' -> 4e-05: YAML 1.1 reads exponents without a dot as strings."""
+    if isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 def parse_overrides(items: list[str] | str) -> dict[str, Any]:

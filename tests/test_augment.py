@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from tasks.augment import RandAugment, StrongAugment, WeakAugment
+from tasks.augment import RandAugment, StrongAugment, WeakAugment, augment_grouped
 
 
 def batch_of_one_image(n=64, channels=1, size=28):
@@ -44,3 +44,27 @@ def test_seeded_augmentation_is_reproducible():
     a = aug(x)
     torch.manual_seed(3)
     assert torch.equal(a, aug(x))
+
+
+def test_augment_grouped_pairs_each_batch_with_its_own_views_in_few_calls():
+    calls = []
+
+    def tag(xb):  # an "augmentation" that reveals which images it got
+        calls.append(len(xb))
+        return xb + 1000.0
+
+    x = torch.arange(10.0)[:, None]
+    batches = [torch.tensor([3, 1]), torch.tensor([], dtype=torch.long), torch.tensor([7, 0, 9])]
+    out = list(augment_grouped(x, batches, tag, group_size=4))
+    assert [idx.tolist() for idx, _ in out] == [[3, 1], [], [7, 0, 9]]
+    assert [v.squeeze(1).tolist() for _, v in out] == [
+        [1003.0, 1001.0],
+        [],
+        [1007.0, 1000.0, 1009.0],
+    ]
+    assert calls == [5]  # one call once the group reached 4 images
+
+
+def test_augment_grouped_survives_groups_without_images():
+    out = list(augment_grouped(torch.zeros(4, 1), [torch.tensor([], dtype=torch.long)], None))
+    assert len(out) == 1 and out[0][1].shape == (0, 1)

@@ -61,6 +61,10 @@ def test_overrides_parse_like_yaml():
         "dataset": {"download": False},
     }
     assert parse_overrides("rounds=3;seed=2") == {"rounds": 3, "seed": 2}
+    assert parse_overrides(["algo.delta=4e-5", "name=1e3x"]) == {
+        "algo": {"delta": 4e-5},
+        "name": "1e3x",
+    }
     with pytest.raises(ConfigError, match="key=value"):
         parse_overrides(["rounds"])
 

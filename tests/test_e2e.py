@@ -113,17 +113,33 @@ def test_compare_prints_a_table(tmp_path, synthetic_raw):
     assert (tmp_path / "c.png").stat().st_size > 0
 
 
-def superlinks_started_by(pid: int) -> list[int]:
-    """The flower-superlink processes whose parent is ``pid``."""
+def processes() -> list[tuple[int, int, str]]:
+    """(pid, parent pid, command line) of every process, from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             cmdline = (entry / "cmdline").read_text()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and "flower-superlink" in cmdline:
-            found.append(int(entry.name))
+        found.append((int(entry.name), ppid, cmdline))
+    return found
+
+
+def superlinks_started_by(pid: int) -> list[int]:
+    """The flower-superlink processes whose parent is ``pid``."""
+    return [p for p, ppid, cmd in processes() if ppid == pid and "flower-superlink" in cmd]
+
+
+def descendants(pid: int) -> list[int]:
+    table, found, todo = processes(), [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = [p for p, ppid, _ in table if ppid == parent]
+        found += children
+        todo += children
     return found
 
 
@@ -134,21 +150,29 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_stops_the_superlink_the_run_started(tmp_path, synthetic_raw):
+def test_sigterm_stops_the_superlink_and_all_it_started(tmp_path, synthetic_raw):
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({**synthetic_raw, "method": "fedavg_sl", "rounds": 50}))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "ssfl.cli", "run", str(exp), "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    links = superlinks_started_by(proc.pid)
-    assert len(links) == 1
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    time.sleep(1.0)
-    assert not alive(links[0])
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        links = superlinks_started_by(proc.pid)
+        assert len(links) == 1
+        started = descendants(links[0])  # flower-superexec, the simulation, Ray
+        assert started
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        time.sleep(1.0)
+        assert not alive(links[0])
+        assert [pid for pid in started if alive(pid)] == []
+    finally:
+        if proc.poll() is None:  # a failed assertion above must not leave the run going
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
     assert (out / "superlink.log").stat().st_size > 0  # kept before its scratch home went
 
 
