@@ -10,7 +10,7 @@ the op choice per sample is done here; the image ops themselves are kornia's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from kornia import augmentation as K
@@ -101,7 +101,7 @@ class StrongAugment(nn.Module):
 def augment_grouped(
     x: torch.Tensor,
     batches: Iterable[torch.Tensor],
-    augment: nn.Module,
+    augment: Callable[[torch.Tensor], torch.Tensor],
     group_size: int = AUGMENT_GROUP,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(idx, augment(x[idx])) for every index batch, augmenting about ``group_size``
@@ -112,18 +112,21 @@ def augment_grouped(
     mostly call overhead).
     """
     pending: list[torch.Tensor] = []
+    size = 0
     for idx in batches:
         pending.append(idx)
-        if sum(len(i) for i in pending) >= group_size:
-            yield from _augment_pending(x, pending, augment)
-            pending = []
-    yield from _augment_pending(x, pending, augment)
+        size += len(idx)
+        if size >= group_size:
+            yield from _augment_pending(x, pending, size, augment)
+            pending, size = [], 0
+    yield from _augment_pending(x, pending, size, augment)
 
 
 def _augment_pending(
-    x: torch.Tensor, pending: list[torch.Tensor], augment: nn.Module
+    x: torch.Tensor,
+    pending: list[torch.Tensor],
+    size: int,
+    augment: Callable[[torch.Tensor], torch.Tensor],
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    if not pending:
-        return
-    views = augment(x[torch.cat(pending)]) if sum(len(i) for i in pending) else x[:0]
+    views = augment(x[torch.cat(pending)]) if size else x[:0]
     yield from zip(pending, views.split([len(i) for i in pending]), strict=True)

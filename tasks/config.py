@@ -135,23 +135,28 @@ def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-EXPONENT_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+class ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, also reading '4e-5' as a float (YAML 1.1 needs a dot: '4.0e-5')."""
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Experiment files and --set values, read the same way."""
+    return yaml.load(text, Loader=ConfigLoader)
 
 
 def parse_scalar(text: str) -> Any:
     """Parse an override value the way YAML reads a scalar ('0.1' -> 0.1, 'true' -> True)."""
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        return load_yaml(text) if text.strip() else ""
     except yaml.YAMLError:
         return text
-    return as_float_if_numeric(value)
-
-
-def as_float_if_numeric(value: Any) -> Any:
-    """'4e-5' -> 4e-05: YAML 1.1 reads exponents without a dot as strings."""
-    if isinstance(value, str) and EXPONENT_FLOAT.fullmatch(value.strip()):
-        return float(value)
-    return value
 
 
 def parse_overrides(items: list[str] | str) -> dict[str, Any]:
@@ -179,7 +184,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(data, dict):

@@ -65,6 +65,11 @@ def test_augment_grouped_pairs_each_batch_with_its_own_views_in_few_calls():
     assert calls == [5]  # one call once the group reached 4 images
 
 
-def test_augment_grouped_survives_groups_without_images():
-    out = list(augment_grouped(torch.zeros(4, 1), [torch.tensor([], dtype=torch.long)], None))
-    assert len(out) == 1 and out[0][1].shape == (0, 1)
+def test_augment_grouped_never_augments_an_empty_group():
+    def refuse(xb):
+        raise AssertionError("called on an empty group")
+
+    empty = torch.tensor([], dtype=torch.long)
+    out = list(augment_grouped(torch.zeros(4, 1), [empty, empty], refuse))
+    assert [v.shape for _, v in out] == [(0, 1), (0, 1)]
+    assert list(augment_grouped(torch.zeros(4, 1), [], refuse)) == []

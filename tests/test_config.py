@@ -61,12 +61,16 @@ def test_overrides_parse_like_yaml():
         "dataset": {"download": False},
     }
     assert parse_overrides("rounds=3;seed=2") == {"rounds": 3, "seed": 2}
-    assert parse_overrides(["algo.delta=4e-5", "name=1e3x"]) == {
-        "algo": {"delta": 4e-5},
-        "name": "1e3x",
-    }
     with pytest.raises(ConfigError, match="key=value"):
         parse_overrides(["rounds"])
+
+
+def test_exponents_without_a_dot_are_floats_in_files_and_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("method: fedmatch\nalgo: {l1_threshold: 4e-5, delta: 1.0e-5}\n")
+    cfg = load_experiment(path, ["client.lr=2E-3", "name=1e3x"])
+    assert cfg["algo"]["l1_threshold"] == 4e-5 and cfg["algo"]["delta"] == 1e-5
+    assert cfg["client"]["lr"] == 2e-3 and cfg["name"] == "1e3x"
 
 
 def test_every_shipped_experiment_resolves():
