@@ -61,6 +61,9 @@ class SSFLFedAvg(SSFLStrategy):
                 "lambda_u": 1.0,
                 "randaugment_n": 2,  # A(.) of eq. 6: RandAugment(n = 2, m = 10)
                 "randaugment_m": 10.0,
+                # ours, not in the paper: pseudo-labels from weak-view probabilities
+                # aligned to uniform (ReMixMatch's distribution alignment)
+                "distribution_alignment": False,
             },
         }
 

@@ -38,13 +38,17 @@ def fixmatch_loss(
 crl_loss = fixmatch_loss
 
 
-def selftrain_loss(logits: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+def selftrain_loss(
+    logits: torch.Tensor, threshold: float, label_logits: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SSFL benchmark eq. 3: mean_b 1(max p >= tau) CE(argmax p, p), p = f(alpha(x)).
 
     Pseudo-label and prediction come from the same weakly augmented view (traditional
-    self-training): CRL with the strong view replaced by the weak one.
+    self-training): CRL with the strong view replaced by the weak one. ``label_logits``
+    (default: ``logits``) are the same view's logits the pseudo-labels are read from,
+    e.g. after distribution alignment.
     """
-    return fixmatch_loss(logits, logits, threshold)
+    return fixmatch_loss(logits if label_logits is None else label_logits, logits, threshold)
 
 
 def uda_loss(
@@ -84,3 +88,35 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> to
     """FedProx: (mu / 2) * ||w - w_global||^2 over trainable parameters."""
     total = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
     return 0.5 * mu * total
+
+
+class DistributionAligner:
+    """Distribution alignment (ReMixMatch, Berthelot et al. 2020, section 3.2) on logits.
+
+    p~ = Normalize(p * target / mean(p)), with mean(p) the running mean of the weak-view
+    class probabilities over every batch seen so far (the current one included) and
+    ``target`` a class distribution (uniform by default). Softmax is invariant to a shift
+    of the logits, so the aligned logits are logits + log target - log mean(p): the
+    pseudo-label and its confidence come from p~, without gradient.
+    """
+
+    def __init__(self, num_classes: int, target: torch.Tensor | None = None) -> None:
+        self.target = (
+            target if target is not None else torch.full((num_classes,), 1.0 / num_classes)
+        )
+        self.total = torch.zeros(num_classes)
+        self.count = 0
+
+    def mean(self) -> torch.Tensor:
+        """The running mean of the class probabilities (uniform before any batch)."""
+        if self.count == 0:
+            return torch.full_like(self.total, 1.0 / len(self.total))
+        return self.total / self.count
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.detach()
+        probs = torch.softmax(logits, dim=1)
+        self.total = self.total.to(probs.device) + probs.sum(dim=0)
+        self.count += len(probs)
+        shift = torch.log(self.target.to(probs.device)) - torch.log(self.mean().clamp_min(1e-8))
+        return logits + shift

@@ -3,6 +3,7 @@ T counted in steps, the grouping, the R partitioner on the real Fashion-MNIST sp
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ from strategies import METHODS
 from strategies.base import ServerSide
 from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
 from tasks.config import ConfigError, load_experiment, resolve
-from tasks.losses import crl_loss, selftrain_loss
+from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.models import build_model, classifier_keys
 from tasks.partition import get_split, remaining_class_counts
 from tasks.train import cosine_warmup_lr, scheduled_lr, step_batches
@@ -252,3 +253,71 @@ def test_remaining_counts_follow_app_a2_on_unbalanced_classes():
     counts = remaining_class_counts("noniid_r", 2, np.array([40, 20]), 0.5)
     assert counts.tolist() == [[33, 7], [7, 13]]
     assert remaining_class_counts("iid", 2, np.array([40, 20]), 0.5).tolist() == [[20, 10]] * 2
+
+
+def test_selftrain_loss_reads_pseudo_labels_from_label_logits():
+    logits = WEAK.clone().requires_grad_()
+    label_logits = torch.tensor([[0.0, 3.0, 0.0], [0.0, 0.0, 0.0]])  # sample 0 -> class 1
+    loss, mask = selftrain_loss(logits, threshold=0.9, label_logits=label_logits)
+    assert mask.tolist() == [1.0, 0.0]
+    ce = -math.log(1.0 / (math.exp(3) + 2))  # logits of sample 0 against label 1
+    assert float(loss) == pytest.approx(ce / 2, rel=1e-6)
+    loss.backward()
+    assert logits.grad[1].abs().sum() == 0  # the masked sample gets no gradient
+
+
+def test_distribution_alignment_on_hand_made_probabilities():
+    aligner = DistributionAligner(2)
+    probs = torch.tensor([[0.9, 0.1], [0.6, 0.4]])
+    aligned = torch.softmax(aligner(torch.log(probs)), dim=1)
+    # mean p = (0.75, 0.25); p * (1/2) / mean, renormalised
+    assert aligned[0].tolist() == pytest.approx([0.75, 0.25], rel=1e-5)
+    assert aligned[1].tolist() == pytest.approx([1 / 3, 2 / 3], rel=1e-5)
+    # the running mean covers every batch so far: (0.9 + 0.6 + 0.5) / 3 for class 0
+    aligner(torch.zeros(1, 2))
+    assert aligner.mean().tolist() == pytest.approx([2.0 / 3, 1.0 / 3], rel=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["crl", "selftrain"])
+def test_distribution_alignment_feeds_every_users_step(monkeypatch, loss):
+    calls: list[int] = []
+    align = DistributionAligner.__call__
+
+    def counted(self, logits):
+        calls.append(len(logits))
+        return align(self, logits)
+
+    monkeypatch.setattr(DistributionAligner, "__call__", counted)
+    raw = ssfl_raw("ssfl_fedavg", loss=loss, distribution_alignment=True)
+    rows, _, _ = run_harness({**raw, "rounds": 1}, InProcessGrid(4))
+    assert calls == [8] * (4 * 3)  # every user, each of its T = 3 steps, a batch of 8
+    assert rows[0]["local_steps"] == 3.0
+    calls.clear()
+    run_harness({**ssfl_raw("ssfl_fedavg", loss=loss), "rounds": 1}, InProcessGrid(4))
+    assert calls == []  # off by default (the paper has no alignment)
+
+
+def test_small_cnn_dropout_is_a_model_option():
+    plain = build_model("small_cnn", 1, 10, 28, "gn", (0.5,), (0.25,))
+    dropped = build_model("small_cnn", 1, 10, 28, "gn", (0.5,), (0.25,), dropout=0.25)
+    assert not any(isinstance(m, torch.nn.Dropout2d) for m in plain.modules())
+    assert [m.p for m in dropped.modules() if isinstance(m, torch.nn.Dropout2d)] == [0.25]
+    assert plain.state_dict().keys() == dropped.state_dict().keys()
+    with pytest.raises(ConfigError, match="only small_cnn"):
+        resolve({"model": {"name": "resnet18", "dropout": 0.25}})
+    with pytest.raises(ConfigError, match=r"must be in \[0, 1\)"):
+        resolve({"model": {"dropout": 1.0}})
+
+
+def test_local_drift_benchmark_runs_every_user_for_t_steps():
+    spec = importlib.util.spec_from_file_location("local_drift", ROOT / "benchmarks/local_drift.py")
+    drift_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drift_module)
+    raw = ssfl_raw("ssfl_fedavg")
+    raw["server"]["bootstrap_epochs"] = 1
+    cfg = resolve(raw)
+    start, accuracy = drift_module.bootstrapped(cfg)
+    row = drift_module.drift(cfg, start, 2)
+    assert row["steps"] == 2 and len(row["user_accuracy"]) == 4
+    assert all(m["local_steps"] == 2 for m in row["user_metrics"])
+    assert 0.0 <= row["average_accuracy"] <= 1.0 and 0.0 <= accuracy <= 1.0

@@ -1,0 +1,129 @@
+"""How far one round of local training moves each user's model: accuracy after T steps.
+
+Builds the experiment's split and server as ``ssfl run`` does, trains the server's
+bootstrap (``server.bootstrap_epochs``), then gives that model to every user as round 1
+would and runs the method's real client half (``client_app``) for T local steps, for
+each T of ``--steps``. Records, per user and T, the test accuracy of the user's model
+and the half's own metrics (mask rate, pseudo-label accuracy), and the test accuracy of
+the users' average (eq. 4 without the server's own T steps). A user loss that keeps
+the server's accuracy leaves the average of eq. 4 (SSFL benchmark) something to build
+on; one that collapses every user within T steps does not. Writes
+``--out/local_drift.json`` and prints a markdown table.
+
+    python benchmarks/local_drift.py experiments/ssfl-fmnist/crl_gn.yaml \
+        --set server.bootstrap_epochs=6 --steps 2,4,8,16 --out results/local-drift/crl_gn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ssfl.cli import resolve_experiment  # noqa: E402
+from strategies import METHODS  # noqa: E402
+from strategies.base import ServerSide  # noqa: E402
+from tasks.config import resolve  # noqa: E402
+from tasks.partition import get_split  # noqa: E402
+from tasks.train import evaluate  # noqa: E402
+
+
+def steps_list(text: str) -> list[int]:
+    steps = [int(s) for s in text.split(",") if s.strip()]
+    if not steps or min(steps) < 1:
+        raise SystemExit(f"--steps: expected positive integers like 2,4,8,16, got {text!r}")
+    return steps
+
+
+def user_round(cfg: dict, server: ServerSide, strategy, pid: int) -> tuple[float, dict, dict]:
+    """Round 1 of user ``pid`` from the server's model: (test accuracy, metrics, state)."""
+    content = RecordDict(
+        {
+            "config": strategy.client_config(1, pid),
+            "arrays": ArrayRecord(server.model.state_dict()),
+            **strategy.client_extras(1, pid),
+        }
+    )
+    half = METHODS[cfg["method"]].client(content, RecordDict(), pid)
+    metrics = half.train()
+    accuracy, _ = evaluate(half.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+    return accuracy, {k: float(v) for k, v in metrics.items()}, half.model.state_dict()
+
+
+def average_accuracy(server: ServerSide, states: list[dict], batch_size: int) -> float:
+    """Test accuracy of the uniform average of the users' models."""
+    mean = {k: torch.stack([s[k].float() for s in states]).mean(0) for k in states[0]}
+    server.model.load_state_dict({k: v.to(states[0][k].dtype) for k, v in mean.items()})
+    return evaluate(server.model, server.test_x, server.test_y, batch_size)[0]
+
+
+def bootstrapped(cfg: dict) -> tuple[dict, float]:
+    """The server's model after its bootstrap (state dict) and its test accuracy."""
+    dataset, split = get_split(cfg)
+    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    METHODS[cfg["method"]].strategy(server, lambda row: None).bootstrap()
+    accuracy, _ = evaluate(server.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+    return server.model.state_dict(), accuracy
+
+
+def drift(cfg: dict, start: dict, steps: int) -> dict:
+    """Every user's round 1 from the model ``start``, with T = ``steps``."""
+    cfg = resolve({**cfg, "client": {**cfg["client"], "local_steps": steps}})
+    dataset, split = get_split(cfg)
+    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    server.model.load_state_dict(start)
+    strategy = METHODS[cfg["method"]].strategy(server, lambda row: None)
+    users = [user_round(cfg, server, strategy, pid) for pid in range(len(split.clients))]
+    return {
+        "steps": steps,
+        "user_accuracy": [acc for acc, _, _ in users],
+        "user_metrics": [m for _, m, _ in users],
+        "average_accuracy": average_accuracy(
+            server, [s for _, _, s in users], cfg["eval"]["batch_size"]
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--steps", type=steps_list, default=[2, 4, 8, 16])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    cfg = resolve_experiment(args.experiment, None, None, args.sets)
+    if METHODS[cfg["method"]].client is None:
+        raise SystemExit(f"method {cfg['method']!r} has no client half to measure")
+    if not METHODS[cfg["method"]].client.counts_steps:
+        raise SystemExit(f"method {cfg['method']!r}: its client half does not count local steps")
+    start, accuracy = bootstrapped(cfg)
+    rows = [drift(cfg, start, t) for t in args.steps]
+    report = {"config": cfg, "server_accuracy": accuracy, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "local_drift.json").write_text(json.dumps(report, indent=1))
+    print(f"server model after the bootstrap: test accuracy {accuracy:.4f}")
+    print(
+        "| T | users' test accuracy: mean (min-max) | their average's accuracy "
+        "| mask rate | pseudo-label accuracy |"
+    )
+    print("|---|---|---|---|---|")
+    for row in rows:
+        acc = np.array(row["user_accuracy"])
+        mask = np.mean([m.get("mask_rate", 0.0) for m in row["user_metrics"]])
+        right = np.mean([m.get("pseudo_label_accuracy", 0.0) for m in row["user_metrics"]])
+        print(
+            f"| {row['steps']} | {acc.mean():.3f} ({acc.min():.3f}-{acc.max():.3f}) "
+            f"| {row['average_accuracy']:.3f} | {mask:.3f} | {right:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
