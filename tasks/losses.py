@@ -93,17 +93,14 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor], mu: float) -> to
 class DistributionAligner:
     """Distribution alignment (ReMixMatch, Berthelot et al. 2020, section 3.2) on logits.
 
-    p~ = Normalize(p * target / mean(p)), with mean(p) the running mean of the weak-view
-    class probabilities over every batch seen so far (the current one included) and
-    ``target`` a class distribution (uniform by default). Softmax is invariant to a shift
-    of the logits, so the aligned logits are logits + log target - log mean(p): the
-    pseudo-label and its confidence come from p~, without gradient.
+    p~ = Normalize(p * u / mean(p)), with u the uniform class distribution and mean(p) the
+    running mean of the weak-view class probabilities over every batch seen so far (the
+    current one included). Softmax is invariant to a shift of the logits, so the aligned
+    logits are logits + log u - log mean(p): the pseudo-label and its confidence come
+    from p~, without gradient.
     """
 
-    def __init__(self, num_classes: int, target: torch.Tensor | None = None) -> None:
-        self.target = (
-            target if target is not None else torch.full((num_classes,), 1.0 / num_classes)
-        )
+    def __init__(self, num_classes: int) -> None:
         self.total = torch.zeros(num_classes)
         self.count = 0
 
@@ -118,5 +115,5 @@ class DistributionAligner:
         probs = torch.softmax(logits, dim=1)
         self.total = self.total.to(probs.device) + probs.sum(dim=0)
         self.count += len(probs)
-        shift = torch.log(self.target.to(probs.device)) - torch.log(self.mean().clamp_min(1e-8))
-        return logits + shift
+        uniform = torch.full_like(self.total, 1.0 / len(self.total))
+        return logits + torch.log(uniform) - torch.log(self.mean().clamp_min(1e-8))
