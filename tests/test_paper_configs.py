@@ -81,7 +81,11 @@ def run_one_round(cfg: dict) -> list[dict]:
 )
 def test_ssfl_paper_configs_on_synthetic_32x32(experiment, method, clients):
     cfg = load_experiment(ROOT / "experiments" / experiment, SSFL_SHRINK)
-    assert cfg["method"] == method and cfg["model"] == {"name": "resnet18", "norm": "gn"}
+    assert cfg["method"] == method and cfg["model"] == {
+        "name": "resnet18",
+        "norm": "gn",
+        "dropout": 0.0,
+    }
     rows = run_one_round(cfg)
     assert rows[0]["clients"] == clients and rows[0]["local_steps"] == 1.0
     assert rows[0]["server_steps"] == 1.0 and 0.0 <= rows[0]["test_accuracy"] <= 1.0
@@ -118,7 +122,9 @@ CIFAR_BATCH = ROOT / "experiments/cifar10-batch"
 def test_fedmatch_table1_configs_resolve_with_official_values(name):
     cfg = load_experiment(CIFAR_BATCH / f"{name}.yaml")
     assert cfg["split"]["num_clients"] == 100 and cfg["federation"]["clients_per_round"] == 5
-    assert cfg["model"] == {"name": "resnet9", "norm": "none"} and cfg["rounds"] == 200
+    assert (
+        cfg["model"] == {"name": "resnet9", "norm": "none", "dropout": 0.0} and cfg["rounds"] == 200
+    )
     assert cfg["algo"]["num_helpers"] == 2 and cfg["algo"]["helper_interval"] == 10
     assert cfg["client"]["lr"] == 1e-3 and cfg["algo"]["confidence"] == 0.75
     at_client = name.endswith("lac")
