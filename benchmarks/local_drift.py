@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from ssfl.cli import resolve_experiment  # noqa: E402
 from strategies import METHODS  # noqa: E402
 from strategies.base import ServerSide  # noqa: E402
+from tasks.aggregate import weighted_average  # noqa: E402
 from tasks.config import resolve  # noqa: E402
 from tasks.partition import get_split  # noqa: E402
 from tasks.train import evaluate  # noqa: E402
@@ -59,9 +60,10 @@ def user_round(cfg: dict, server: ServerSide, strategy, pid: int) -> tuple[float
 
 
 def average_accuracy(server: ServerSide, states: list[dict], batch_size: int) -> float:
-    """Test accuracy of the uniform average of the users' models."""
-    mean = {k: torch.stack([s[k].float() for s in states]).mean(0) for k in states[0]}
-    server.model.load_state_dict({k: v.to(states[0][k].dtype) for k, v in mean.items()})
+    """Test accuracy of the uniform average of the users' models (the project's FedAvg)."""
+    arrays = [{k: v.numpy() for k, v in s.items()} for s in states]
+    mean = weighted_average(arrays, [1.0] * len(arrays))
+    server.model.load_state_dict({k: torch.from_numpy(v) for k, v in mean.items()})
     return evaluate(server.model, server.test_x, server.test_y, batch_size)[0]
 
 

@@ -7,6 +7,7 @@ normalises them with the dataset's mean and std, so callers never do.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -195,7 +196,7 @@ def classifier_keys(model: nn.Module) -> list[str]:
     return [f"{name}.{p}" for p, _ in model.get_submodule(name).named_parameters()]
 
 
-def model_for(mcfg: Mapping[str, str], data) -> nn.Sequential:
+def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
     """The experiment's model (``model`` config section) for a dataset-like object.
 
     ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData).
@@ -208,5 +209,5 @@ def model_for(mcfg: Mapping[str, str], data) -> nn.Sequential:
         mcfg["norm"],
         data.mean,
         data.std,
-        float(mcfg.get("dropout", 0.0)),
+        float(mcfg["dropout"]),
     )
