@@ -54,6 +54,8 @@ class FedSEALClient(ClientHalf):
         logits = predict_logits(self.model, d.x, self.cfg["eval"]["batch_size"])
         ensemble, count = self.ensemble(torch.softmax(logits, dim=1))
         pos_labels, pos = positive_set(ensemble, tau)
+        if algo["oracle_labels"]:
+            pos_labels = self.true_labels()
         neg_labels, neg = complementary_labels(ensemble, pos, algo["theta"], self.generator)
         if not algo["negative_learning"]:
             neg = torch.zeros_like(pos)
@@ -72,6 +74,12 @@ class FedSEALClient(ClientHalf):
             metrics["pseudo_label_accuracy"] = accuracy_on(pos_labels == d.true_y, pos)
             metrics["complementary_label_accuracy"] = accuracy_on(neg_labels != d.true_y, neg)
         return metrics
+
+    def true_labels(self) -> torch.Tensor:
+        """The hidden labels of the local data (the oracle_labels diagnostic)."""
+        if self.data.true_y is None:
+            raise ValueError("algo.oracle_labels needs known labels; this node's images have none")
+        return self.data.true_y
 
     def local_epochs(self, pos, pos_labels, neg, neg_labels, lam) -> tuple[float, int]:
         """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16).

@@ -121,6 +121,9 @@ class SSFLStrategy(Strategy):
     uses_clients = True
     # Whether server training honours server.keep_momentum (checked by the config).
     keeps_momentum = True
+    # Whether server_update trains the clients' aggregate (FedSEAL eq. 3-4); then each round
+    # also records aggregate_accuracy, the test accuracy of that aggregate before the step.
+    trains_after_aggregation = True
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -398,12 +401,7 @@ class SSFLStrategy(Strategy):
             self.stats, self.round_metrics = RoundStats(), {}
             metrics = self.client_round(rnd, grid, timeout)
             server_metrics = self.server_update(rnd)
-            acc, loss = evaluate(
-                self.server.model,
-                self.server.test_x,
-                self.server.test_y,
-                self.cfg["eval"]["batch_size"],
-            )
+            acc, loss = self.evaluate_test()
             row = {
                 "round": rnd,
                 "test_accuracy": acc,
@@ -439,4 +437,20 @@ class SSFLStrategy(Strategy):
             log.warning("round %d: no client update arrived; the global model is unchanged", rnd)
             return {}
         self.server.load(arrays)
+        if self.server_trains():
+            self.round_metrics["aggregate_accuracy"] = self.evaluate_test()[0]
         return dict(metrics.items()) if metrics is not None else {}
+
+    def server_trains(self) -> bool:
+        """Whether server_update changes the aggregated model (labeled data and E_s or T > 0)."""
+        scfg = self.cfg["server"]
+        return (
+            self.trains_after_aggregation
+            and len(self.server.labeled_x) > 0
+            and (scfg["epochs"] > 0 or scfg["local_steps"] > 0)
+        )
+
+    def evaluate_test(self) -> tuple[float, float]:
+        """Accuracy and loss of the current global model on the server's test set."""
+        srv = self.server
+        return evaluate(srv.model, srv.test_x, srv.test_y, self.cfg["eval"]["batch_size"])

@@ -39,6 +39,10 @@ class FedSEAL(SSFLStrategy):
                 "negative_learning": True,
                 "classwise_threshold": True,
                 "fixed_threshold": 0.9,  # used when classwise_threshold is false
+                # Diagnostic, not the paper: the positive set keeps its members but takes the
+                # hidden true labels instead of eq. 9's pseudo-labels (the ceiling of better
+                # pseudo-labels; simulation only, where the labels are known).
+                "oracle_labels": False,
                 # Eq. 5 exceeds 1 for a class the model over-predicts (the paper states
                 # tau in [0, 1]); tau is clipped to tau_max (1.0: the paper's range).
                 "tau_max": 1.0,

@@ -34,6 +34,8 @@ def to_record(state: dict[str, np.ndarray]) -> ArrayRecord:
 class SSFLFedAvg(SSFLStrategy):
     """FedAvg including the server's model, server and users training T steps a round."""
 
+    trains_after_aggregation = False  # the server trains beside the users (eq. 4-5)
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         # SSFL benchmark App. A.3 / Table A.1 and the official code: SGD with Nesterov

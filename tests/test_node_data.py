@@ -140,3 +140,14 @@ def test_supervised_method_refuses_unlabeled_node(tmp_path, synthetic_raw):
     rows = run({**synthetic_raw, "method": "fedavg_sl", "rounds": 1}, grid)
     assert rows[0]["failed_partitions"] == [0]
     assert "only unlabeled images" in next(r for r in grid.replies if r.has_error()).error.reason
+
+
+def test_fedseal_oracle_labels_refuse_unlabeled_node(tmp_path, synthetic_raw):
+    grid = RecordingGrid(3, node_data={1: image_folder(tmp_path / "node1", 10)})
+    raw = {**synthetic_raw, "method": "fedseal", "rounds": 1, "algo": {"oracle_labels": True}}
+    rows = run(raw, grid)
+    assert rows[0]["failed_partitions"] == [1]
+    assert (
+        "oracle_labels needs known labels"
+        in next(r for r in grid.replies if r.has_error()).error.reason
+    )

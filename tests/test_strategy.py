@@ -116,3 +116,37 @@ def test_fedseal_tau_is_clipped_to_tau_max(synthetic_raw):
     rows = run(fedseal_raw(synthetic_raw, tau_max=0.3), InProcessGrid(3))
     assert all(0.0 <= t <= 0.3 for r in rows for t in r["tau"])
     assert max(t for r in rows for t in r["tau"]) == pytest.approx(0.3)
+
+
+def test_fedseal_oracle_labels_keep_the_positive_set_and_fix_its_labels(synthetic_raw):
+    every = {"classwise_threshold": False, "fixed_threshold": 0.0}  # all samples positive
+    plain = run(fedseal_raw(synthetic_raw, **every), InProcessGrid(3))
+    oracle = run(fedseal_raw(synthetic_raw, oracle_labels=True, **every), InProcessGrid(3))
+    assert [r["positive_fraction"] for r in oracle] == [1.0] * 3
+    assert plain[0]["pseudo_label_accuracy"] < 1.0
+    assert [r["pseudo_label_accuracy"] for r in oracle] == pytest.approx([1.0] * len(oracle))
+
+
+def test_aggregate_accuracy_is_the_model_before_the_server_step(synthetic_raw):
+    # No BatchNorm and a zero server rate: the server step leaves the aggregate unchanged.
+    raw = {
+        **synthetic_raw,
+        "model": {"norm": "none"},
+        "server": {"bootstrap_epochs": 1, "epochs": 1, "lr": 0.0},
+    }
+    rows = run(raw, InProcessGrid(3))
+    assert [r["aggregate_accuracy"] for r in rows] == [r["test_accuracy"] for r in rows]
+    trained = run({**synthetic_raw, "model": {"norm": "none"}}, InProcessGrid(3))
+    assert trained[-1]["aggregate_accuracy"] != trained[-1]["test_accuracy"]
+
+
+@pytest.mark.parametrize(
+    "raw_update",
+    [
+        {"server": {"bootstrap_epochs": 1, "epochs": 0}},  # no server step
+        {"method": "ssfl_fedavg"},  # the server trains beside the users, not after them
+    ],
+)
+def test_no_aggregate_accuracy_without_a_server_step(synthetic_raw, raw_update):
+    rows = run({**synthetic_raw, **raw_update}, InProcessGrid(3))
+    assert all("aggregate_accuracy" not in r for r in rows)
