@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 
 from strategies.base import ServerSide, SSFLStrategy
 from tasks.aggregate import weighted_average
+from tasks.config import ConfigError
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -81,6 +82,14 @@ class FedMatch(SSFLStrategy):
                 "randaugment_m": 5.0,  # official: magnitude drawn in 2..5 of 10
             },
         }
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        if cfg["server"]["local_steps"]:
+            raise ConfigError(
+                "config key 'server.local_steps': fedmatch trains sigma in epochs "
+                "(server.epochs); set it to 0"
+            )
 
     def __init__(self, server: ServerSide, on_round):
         super().__init__(server, on_round)

@@ -42,6 +42,7 @@ def test_algo_keys_are_per_method():
         ({"method": "fedseal", "algo": {"theta": 1.5}}, r"'algo.theta': must be in \[0, 1\]"),
         ({"method": "fedseal", "algo": {"tau_max": -0.1}}, r"'algo.tau_max'"),
         ({"method": "fedseal", "algo": {"lambda_ramp_rounds": -1}}, r"lambda_ramp_rounds"),
+        ({"method": "fedmatch", "server": {"local_steps": 4}}, r"'server.local_steps'"),
     ],
 )
 def test_bad_values_are_one_line_errors(raw, pattern):
