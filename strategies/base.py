@@ -10,6 +10,7 @@ server update -> test evaluation -> one results row.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
@@ -144,6 +145,7 @@ class SSFLStrategy(Strategy):
         self.round_metrics: dict[str, float] = {}
         self.config_json = json.dumps(self.cfg, sort_keys=True)
         self.server_opt: torch.optim.Optimizer | None = None
+        self.scratch: nn.Module | None = None  # a copy of the model for clients' models
         self.weak = WeakAugment(
             server.dataset.image_size, server.dataset.flip, self.cfg["augment"]["weak_shift"]
         ).to(server.device)
@@ -204,6 +206,8 @@ class SSFLStrategy(Strategy):
         if not good:
             return None, None
         arrays = self.aggregate_arrays(server_round, good)
+        if self.cfg["eval"]["local_models"]:
+            self.round_metrics["local_accuracy"] = self.local_accuracy(good)
         metrics = self.aggregate_metrics(good)
         return arrays, metrics
 
@@ -450,7 +454,26 @@ class SSFLStrategy(Strategy):
             and (scfg["epochs"] > 0 or scfg["local_steps"] > 0)
         )
 
-    def evaluate_test(self) -> tuple[float, float]:
-        """Accuracy and loss of the current global model on the server's test set."""
+    def evaluate_test(self, model: nn.Module | None = None) -> tuple[float, float]:
+        """Accuracy and loss of the global model (or ``model``) on the server's test set."""
         srv = self.server
-        return evaluate(srv.model, srv.test_x, srv.test_y, self.cfg["eval"]["batch_size"])
+        model = srv.model if model is None else model
+        return evaluate(model, srv.test_x, srv.test_y, self.cfg["eval"]["batch_size"])
+
+    def local_accuracy(self, replies: list[Message]) -> float:
+        """Mean test accuracy of the clients' trained local models (eval.local_models).
+
+        FedMatch Table 2's "averaged local model accuracy": in the official code every
+        client evaluates its model on the shared test set right after local training.
+        """
+        if self.scratch is None:
+            self.scratch = copy.deepcopy(self.server.model)
+        accuracies = []
+        for reply in replies:
+            self.load_local(self.scratch, reply)
+            accuracies.append(self.evaluate_test(self.scratch)[0])
+        return float(np.mean(accuracies))
+
+    def load_local(self, model: nn.Module, reply: Message) -> None:
+        """Load the model one client trained (its reply) into ``model``."""
+        model.load_state_dict(reply.content["arrays"].to_torch_state_dict())

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
+from torch import nn
 
 from strategies.base import ServerSide, SSFLStrategy
 from tasks.aggregate import weighted_average
@@ -208,19 +209,14 @@ class FedMatch(SSFLStrategy):
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         """Decode each upload against the public copy, embed it, average uniformly."""
-        n = self.model.numel()
         uploads: dict[str, list[torch.Tensor]] = {part: [] for part in self.uploaded}
         buffers = []
         for reply in replies:
             pid = int(reply.content["metrics"]["partition-id"])
-            arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
-            vectors = {
-                part: decode(self.public[part].value, payload_from(arrays, part), n)
-                for part in self.uploaded
-            }
+            vectors, reply_buffers = self.decode_reply(reply)
             for part, vector in vectors.items():
                 uploads[part].append(vector)
-            buffers.append({k[len(BUFFER) :]: v for k, v in arrays.items() if k.startswith(BUFFER)})
+            buffers.append(reply_buffers)
             self.latest[pid] = vectors[self.model.unlabeled_part]
             self.embeddings[pid] = self.embed(vectors)
             self.synced[pid] = server_round
@@ -234,6 +230,26 @@ class FedMatch(SSFLStrategy):
         if self.model.decomposed:
             self.round_metrics["psi_nonzero"] = float((self.model.flat("psi") != 0).float().mean())
         return ArrayRecord(self.model.state_dict())
+
+    def decode_reply(self, reply: Message) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+        """A reply's uploaded parts, decoded against the public copy, and its buffers."""
+        arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
+        n = self.model.numel()
+        vectors = {
+            part: decode(self.public[part].value, payload_from(arrays, part), n)
+            for part in self.uploaded
+        }
+        buffers = {k[len(BUFFER) :]: v for k, v in arrays.items() if k.startswith(BUFFER)}
+        return vectors, buffers
+
+    def load_local(self, model: nn.Module, reply: Message) -> None:
+        """A client's model: its uploaded parts, the public copy of the others (sigma with
+        labels at the server: the one it received), its buffers."""
+        vectors, buffers = self.decode_reply(reply)
+        for part in self.model.parts():
+            model.load_flat(part, vectors.get(part, self.public[part].value))
+        if buffers:
+            model.net.load_state_dict({k: torch.from_numpy(v) for k, v in buffers.items()})
 
     def embed(self, vectors: dict[str, torch.Tensor]) -> np.ndarray:
         """m^k = p(y | a) of the client's model on the fixed noise input a (section 3.1).

@@ -97,7 +97,9 @@ DEFAULTS: dict[str, Any] = {
     # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes.
     "federation": {"clients_per_round": 0, "min_clients": 0, "timeout_s": 3600.0},
     "simulation": {"num_cpus": 1, "num_gpus": 0.0},
-    "eval": {"batch_size": 500},
+    # local_models: also record local_accuracy, the clients' trained models' mean test
+    # accuracy each round (FedMatch Table 2's metric).
+    "eval": {"batch_size": 500, "local_models": False},
     # Weak view: flip + shift by up to this fraction of the side (FixMatch: 0.125).
     "augment": {"weak_shift": 0.125},
     "algo": {},

@@ -60,9 +60,16 @@ class Recorder:
             "rounds": self.rows,
             "final_test_accuracy": accs[-1] if accs else None,
             "best_test_accuracy": max(accs) if accs else None,
+            **self.final_local(),
             "wall_seconds": time.time() - self.started,
             "host": {"python": platform.python_version(), "machine": platform.machine()},
         }
+
+    def final_local(self) -> dict[str, float]:
+        """The last round's local_accuracy (eval.local_models), when recorded."""
+        if self.rows and "local_accuracy" in self.rows[-1]:
+            return {"final_local_accuracy": self.rows[-1]["local_accuracy"]}
+        return {}
 
     def finish(self) -> dict[str, Any]:
         """Write results.json and accuracy.png; return the results."""

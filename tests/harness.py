@@ -40,6 +40,7 @@ class InProcessGrid:
             for nid, pid in self.partition.items()
         }
         self.sent: list[Message] = []
+        self.replies: list[Message] = []  # every reply, in the order the handlers ran
 
     def get_node_ids(self) -> list[int]:
         return list(self.partition)
@@ -59,4 +60,6 @@ class InProcessGrid:
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None):
         messages = list(messages)
         self.sent.extend(messages)
-        return [self.handle(m) for m in reversed(messages)]
+        replies = [self.handle(m) for m in reversed(messages)]
+        self.replies.extend(replies)
+        return replies

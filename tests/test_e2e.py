@@ -51,7 +51,8 @@ def ssfl_run(experiment, out, *args):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, synthetic_raw):
     exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({**synthetic_raw, "method": method}))
+    raw = {**synthetic_raw, "method": method, "eval": {"local_models": True}}
+    exp.write_text(yaml.safe_dump(raw))
     res = ssfl_run(exp, tmp_path / "out", "--quiet")
     assert set(res) >= TOP_KEYS and res["method"] == method
     assert [r["round"] for r in res["rounds"]] == [1, 2]
@@ -61,9 +62,11 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and (tmp_path / "out" / "accuracy.png").stat().st_size > 0
     if method == "server_sl":
-        assert res["rounds"][-1]["bytes_c2s"] == 0
+        assert res["rounds"][-1]["bytes_c2s"] == 0 and "final_local_accuracy" not in res
     else:
         last = res["rounds"][-1]
+        assert res["final_local_accuracy"] == last["local_accuracy"]
+        assert 0.0 <= last["local_accuracy"] <= 1.0
         assert last["clients"] == 3 and last["bytes_c2s"] > 0
         extra = last["bytes_s2c"] - last["bytes_c2s"]  # what the server sends beyond the model
         if method == "fedseal":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from flwr.app import Message
@@ -9,21 +11,9 @@ from flwr.app import Message
 from strategies import METHODS
 from strategies.base import ServerSide
 from tasks.config import resolve
+from tasks.decompose import BUFFER
 from tasks.partition import get_split
 from tests.harness import InProcessGrid
-
-
-class RecordingGrid(InProcessGrid):
-    """The in-process Grid that also keeps every reply."""
-
-    def __init__(self, num_nodes: int):
-        super().__init__(num_nodes)
-        self.replies: list[Message] = []
-
-    def handle(self, msg: Message) -> Message:
-        reply = super().handle(msg)
-        self.replies.append(reply)
-        return reply
 
 
 def fedmatch_raw(synthetic_raw: dict, rounds: int = 2, **algo) -> dict:
@@ -54,7 +44,7 @@ def train_messages(grid: InProcessGrid) -> list[Message]:
 
 
 def test_two_rounds_labels_at_server_helpers_sync_and_bytes(synthetic_raw):
-    grid = RecordingGrid(3)
+    grid = InProcessGrid(3)
     strategy, rows = run(fedmatch_raw(synthetic_raw), grid)
     messages = train_messages(grid)
     assert len(rows) == 2 and len(messages) == 6
@@ -109,7 +99,7 @@ def test_labels_at_client_uploads_both_parts(synthetic_raw):
     raw["split"] = {**raw["split"], "scenario": "labels_at_client", "labeled_per_class": 0}
     raw["split"]["client_labeled_per_class"] = 1
     raw["server"] = {"bootstrap_epochs": 0, "epochs": 0}
-    grid = RecordingGrid(3)
+    grid = InProcessGrid(3)
     strategy, rows = run(raw, grid)
     replies = [r for r in grid.replies if r.metadata.message_type == "train"]
     assert len(replies) == 3 and rows[0]["clients"] == 3
@@ -153,3 +143,29 @@ def test_a_client_out_of_sync_fails_and_gets_the_dense_model_next(synthetic_raw)
     last = {m.metadata.dst_node_id: m for m in train_messages(grid)[-3:]}
     assert last[lost].content["config"]["sync-since"] == -1
     assert sorted(m.content["config"]["sync-since"] for m in last.values()) == [-1, 2, 2]
+
+
+def test_load_local_rebuilds_the_client_model_from_its_reply(synthetic_raw):
+    raw = fedmatch_raw(synthetic_raw, delta=0.0)  # delta 0: the public copy is exact
+    raw["split"] = {**raw["split"], "num_clients": 1}
+    raw["eval"] = {"local_models": True}
+    grid = InProcessGrid(1)
+    strategy, rows = run(raw, grid)
+    reply = [r for r in grid.replies if r.metadata.message_type == "train"][-1]
+    local = copy.deepcopy(strategy.model)
+    strategy.load_local(local, reply)
+    # psi: the client's upload (the lone client's psi is the average; the server keeps
+    # psi); sigma: the public copy the client received, not the one the server retrained.
+    assert torch.equal(local.flat("psi"), strategy.model.flat("psi"))
+    assert not torch.equal(local.flat("psi"), strategy.public["psi"].value)
+    assert torch.equal(local.flat("sigma"), strategy.public["sigma"].value)
+    assert not torch.equal(local.flat("sigma"), strategy.model.flat("sigma"))
+    buffers = {
+        k[len(BUFFER) :]: v.numpy()
+        for k, v in reply.content["arrays"].items()
+        if k.startswith(BUFFER)
+    }
+    assert buffers and all(
+        np.array_equal(v.numpy(), buffers[k]) for k, v in local.buffer_state().items()
+    )
+    assert [r["local_accuracy"] for r in rows] == [r["aggregate_accuracy"] for r in rows]

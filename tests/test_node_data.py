@@ -98,23 +98,16 @@ def image_folder(path, n: int):
     return str(path)
 
 
-class RecordingGrid(InProcessGrid):
-    """Keeps the replies of the last round."""
-
-    def send_and_receive(self, messages, timeout=None):
-        self.replies = super().send_and_receive(messages, timeout)
-        return self.replies
-
-
-def node_metrics(grid: RecordingGrid, pid: int) -> dict:
-    reply = next(r for r in grid.replies if grid.partition[r.metadata.src_node_id] == pid)
+def node_metrics(grid: InProcessGrid, pid: int) -> dict:
+    """The metrics of the partition's last reply."""
+    reply = next(r for r in reversed(grid.replies) if grid.partition[r.metadata.src_node_id] == pid)
     assert not reply.has_error(), reply.error.reason
     return dict(reply.content["metrics"].items())
 
 
 @pytest.mark.parametrize("method", ["fedavg_fixmatch", "fedseal"])
 def test_node_with_own_images_trains_without_label_diagnostics(method, tmp_path, synthetic_raw):
-    grid = RecordingGrid(3, node_data={1: image_folder(tmp_path / "node1", 40)})
+    grid = InProcessGrid(3, node_data={1: image_folder(tmp_path / "node1", 40)})
     rows = run({**synthetic_raw, "method": method, "rounds": 1}, grid)
     assert rows[0]["clients"] == 3 and rows[0]["failures"] == 0
     own, partition = node_metrics(grid, 1), node_metrics(grid, 0)
@@ -128,7 +121,7 @@ def test_node_with_own_images_trains_without_label_diagnostics(method, tmp_path,
 
 
 def test_missing_folder_fails_that_node_only(tmp_path, synthetic_raw):
-    grid = RecordingGrid(3, node_data={2: str(tmp_path / "missing")})
+    grid = InProcessGrid(3, node_data={2: str(tmp_path / "missing")})
     rows = run({**synthetic_raw, "rounds": 1}, grid)
     assert rows[0]["clients"] == 2 and rows[0]["failed_partitions"] == [2]
     reason = next(r for r in grid.replies if r.has_error()).error.reason
@@ -136,14 +129,14 @@ def test_missing_folder_fails_that_node_only(tmp_path, synthetic_raw):
 
 
 def test_supervised_method_refuses_unlabeled_node(tmp_path, synthetic_raw):
-    grid = RecordingGrid(3, node_data={0: image_folder(tmp_path / "node0", 10)})
+    grid = InProcessGrid(3, node_data={0: image_folder(tmp_path / "node0", 10)})
     rows = run({**synthetic_raw, "method": "fedavg_sl", "rounds": 1}, grid)
     assert rows[0]["failed_partitions"] == [0]
     assert "only unlabeled images" in next(r for r in grid.replies if r.has_error()).error.reason
 
 
 def test_fedseal_oracle_labels_refuse_unlabeled_node(tmp_path, synthetic_raw):
-    grid = RecordingGrid(3, node_data={1: image_folder(tmp_path / "node1", 10)})
+    grid = InProcessGrid(3, node_data={1: image_folder(tmp_path / "node1", 10)})
     raw = {**synthetic_raw, "method": "fedseal", "rounds": 1, "algo": {"oracle_labels": True}}
     rows = run(raw, grid)
     assert rows[0]["failed_partitions"] == [1]

@@ -106,11 +106,13 @@ def test_fedmatch_table2_has_one_experiment_per_scenario_and_costs(tmp_path):
             folder.mkdir(parents=True)
             overrides = table.columns[column]
             cfg = resolve_experiment(path, None, None, overrides)
-            res = fake_results(0.80, 3, cfg)
+            assert cfg["eval"]["local_models"], path  # the paper's metric is recorded
+            res = {**fake_results(0.80, 3, cfg), "final_local_accuracy": 0.7}
             for r in res["rounds"]:  # a quarter of the dense bytes each way
                 r.update(bytes_s2c=25, bytes_s2c_dense=100, bytes_c2s=50, bytes_c2s_dense=200)
             (folder / "results.json").write_text(json.dumps(res))
     text = reproduce("fedmatch-table2", tmp_path, None, [])
-    assert "| FedMatch | 0.8000 | 0.7795 | 0.8000 | 0.8415 |" in text
-    assert "| FedProx-FixMatch | 0.8000 | 0.6240 | 0.8000 | 0.7371 |" in text
+    assert "| method | Labels-at-Client ours | Labels-at-Client ours, local |" in text
+    assert "| FedMatch | 0.8000 | 0.7000 | 0.7795 | 0.8000 | 0.7000 | 0.8415 |" in text
+    assert "| FedProx-FixMatch | 0.8000 | 0.7000 | 0.6240 | 0.8000 | 0.7000 | 0.7371 |" in text
     assert "| FedMatch | 25% / 25% | 37% / 48% | 25% / 25% | 14% / 63% |" in text

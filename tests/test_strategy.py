@@ -8,7 +8,9 @@ import torch
 from strategies import METHODS
 from strategies.base import ServerSide
 from tasks.config import resolve
+from tasks.models import model_for
 from tasks.partition import get_split
+from tasks.train import evaluate
 from tests.harness import InProcessGrid
 
 
@@ -150,3 +152,38 @@ def test_aggregate_accuracy_is_the_model_before_the_server_step(synthetic_raw):
 def test_no_aggregate_accuracy_without_a_server_step(synthetic_raw, raw_update):
     rows = run({**synthetic_raw, **raw_update}, InProcessGrid(3))
     assert all("aggregate_accuracy" not in r for r in rows)
+
+
+def one_client(raw: dict) -> dict:
+    return {**raw, "split": {**raw["split"], "num_clients": 1}, "eval": {"local_models": True}}
+
+
+@pytest.mark.parametrize("method", ["fedavg_fixmatch", "fedseal"])
+def test_local_accuracy_of_a_lone_client_is_its_uploaded_model(synthetic_raw, method):
+    raw = one_client({**synthetic_raw, "method": method, "model": {"norm": "none"}})
+    rows = run({**raw, "server": {"bootstrap_epochs": 1, "epochs": 0}}, InProcessGrid(1))
+    # No server step, one client: the global model is that client's model.
+    assert [r["local_accuracy"] for r in rows] == [r["test_accuracy"] for r in rows]
+
+
+def test_local_accuracy_is_recorded_only_when_asked(synthetic_raw):
+    assert all("local_accuracy" not in r for r in run(synthetic_raw, InProcessGrid(3)))
+    trained = {
+        "server": {"bootstrap_epochs": 10, "epochs": 1, "lr": 0.05},
+        "client": {"lr": 0.05},
+        "algo": {"threshold": 0.3},
+    }
+    cfg = resolve({**synthetic_raw, **trained, "eval": {"local_models": True}})
+    ds, split = get_split(cfg)
+    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    rows: list[dict] = []
+    grid = InProcessGrid(3)
+    METHODS[cfg["method"]].strategy(server, rows.append).start(grid, num_rounds=cfg["rounds"])
+    # The last round's three replies, each evaluated on its own: their mean is recorded.
+    model = model_for(cfg["model"], ds)
+    accuracies = []
+    for reply in grid.replies[-3:]:
+        model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
+        accuracies.append(evaluate(model, server.test_x, server.test_y, 500)[0])
+    assert rows[-1]["local_accuracy"] == pytest.approx(sum(accuracies) / 3)
+    assert len(set(accuracies)) > 1  # the clients' models differ
