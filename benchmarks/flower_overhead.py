@@ -24,16 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ssfl.experiment import resolve_experiment
+from strategies.parts import ServerSide
+from tasks.aggregate import weighted_average
+from tasks.augment import WeakAugment
+from tasks.models import model_for
+from tasks.partition import get_split
+from tasks.train import derive_seed, evaluate, make_sgd, seeded, supervised_epochs, to_float
 
-from strategies.base import ServerSide  # noqa: E402
-from tasks.aggregate import weighted_average  # noqa: E402
-from tasks.augment import WeakAugment  # noqa: E402
-from tasks.config import load_experiment  # noqa: E402
-from tasks.models import model_for  # noqa: E402
-from tasks.partition import get_split  # noqa: E402
-from tasks.train import derive_seed, evaluate, make_sgd, seed_torch, supervised_epochs, to_float  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = ROOT / "experiments/fmnist-las/fedavg_sl.yaml"
 
@@ -92,23 +91,23 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
         updates, weights = [], []
         for pid, (x, y) in enumerate(clients):
             local.load_state_dict(global_state)
-            gen = seed_torch(derive_seed(cfg["seed"], "client", pid, rnd))
             opt = make_sgd(
-                local,
+                local.parameters(),
                 ccfg["lr"] * ccfg["lr_decay"] ** (rnd - 1),
                 ccfg["momentum"],
                 ccfg["weight_decay"],
             )
-            supervised_epochs(
-                local,
-                x,
-                y,
-                epochs=ccfg["epochs"],
-                optimizer=opt,
-                batch_size=ccfg["batch_size"],
-                generator=gen,
-                augment=weak,
-            )
+            with seeded(derive_seed(cfg["seed"], "client", pid, rnd)) as gen:
+                supervised_epochs(
+                    local,
+                    x,
+                    y,
+                    epochs=ccfg["epochs"],
+                    optimizer=opt,
+                    batch_size=ccfg["batch_size"],
+                    generator=gen,
+                    augment=weak,
+                )
             updates.append({k: v.detach().numpy().copy() for k, v in local.state_dict().items()})
             weights.append(len(x))
         avg = weighted_average(updates, weights)
@@ -159,7 +158,7 @@ def main() -> None:
 
     with PeakMemory() as mem_flower:
         flower = flower_run(args, out / "flower")
-    cfg = load_experiment(EXPERIMENT, f"dataset.root={args.data_dir};rounds={args.rounds}")
+    cfg = resolve_experiment(EXPERIMENT, args.rounds, sets=[f"dataset.root={args.data_dir}"])
     with PeakMemory() as mem_plain:
         plain = plain_loop(cfg, args.rounds)
     plain["peak_rss_bytes"] = mem_plain.peak + rss_bytes(os.getpid())

@@ -18,23 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ssfl.cli import resolve_experiment  # noqa: E402
-from strategies import METHODS  # noqa: E402
-from strategies.base import ServerSide  # noqa: E402
-from tasks.aggregate import weighted_average  # noqa: E402
-from tasks.config import resolve  # noqa: E402
-from tasks.partition import get_split  # noqa: E402
-from tasks.train import evaluate  # noqa: E402
+from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.registry import method
+from strategies.loop import RoundLoop
+from strategies.parts import ServerSide
+from tasks.aggregate import weighted_average
+from tasks.partition import get_split
+from tasks.train import evaluate
 
 
 def steps_list(text: str) -> list[int]:
@@ -44,17 +40,19 @@ def steps_list(text: str) -> list[int]:
     return steps
 
 
-def user_round(cfg: dict, server: ServerSide, strategy, pid: int) -> tuple[float, dict, dict]:
+def user_round(
+    cfg: dict, server: ServerSide, strategy: RoundLoop, pid: int
+) -> tuple[float, dict, dict]:
     """Round 1 of user ``pid`` from the server's model: (test accuracy, metrics, state)."""
+    start = ArrayRecord(server.model.state_dict())
     content = RecordDict(
         {
             "config": strategy.client_config(1, pid),
-            "arrays": ArrayRecord(server.model.state_dict()),
-            **strategy.client_extras(1, pid),
+            **strategy.parts.codec.encode(1, pid, start),
         }
     )
-    half = METHODS[cfg["method"]].client(content, RecordDict(), pid)
-    metrics = half.train()
+    half = method(cfg["method"]).client_half()(content, RecordDict(), pid)
+    metrics = half.run()
     accuracy, _ = evaluate(half.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
     return accuracy, {k: float(v) for k, v in metrics.items()}, half.model.state_dict()
 
@@ -71,18 +69,18 @@ def bootstrapped(cfg: dict) -> tuple[dict, float]:
     """The server's model after its bootstrap (state dict) and its test accuracy."""
     dataset, split = get_split(cfg)
     server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
-    METHODS[cfg["method"]].strategy(server, lambda row: None).bootstrap()
+    method(cfg["method"]).server_half().strategy(server, lambda row: None).parts.trainer.bootstrap()
     accuracy, _ = evaluate(server.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
     return server.model.state_dict(), accuracy
 
 
 def drift(cfg: dict, start: dict, steps: int) -> dict:
     """Every user's round 1 from the model ``start``, with T = ``steps``."""
-    cfg = resolve({**cfg, "client": {**cfg["client"], "local_steps": steps}})
+    cfg = resolve_config({**cfg, "client": {**cfg["client"], "local_steps": steps}})
     dataset, split = get_split(cfg)
     server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
     server.model.load_state_dict(start)
-    strategy = METHODS[cfg["method"]].strategy(server, lambda row: None)
+    strategy = method(cfg["method"]).server_half().strategy(server, lambda row: None)
     users = [user_round(cfg, server, strategy, pid) for pid in range(len(split.clients))]
     return {
         "steps": steps,
@@ -101,10 +99,11 @@ def main() -> None:
     parser.add_argument("--steps", type=steps_list, default=[2, 4, 8, 16])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    cfg = resolve_experiment(args.experiment, None, None, args.sets)
-    if METHODS[cfg["method"]].client is None:
+    cfg = resolve_experiment(args.experiment, sets=args.sets)
+    client = method(cfg["method"]).client_half()
+    if client is None:
         raise SystemExit(f"method {cfg['method']!r} has no client half to measure")
-    if not METHODS[cfg["method"]].client.counts_steps:
+    if "client.local_steps" not in client.honours:
         raise SystemExit(f"method {cfg['method']!r}: its client half does not count local steps")
     start, accuracy = bootstrapped(cfg)
     rows = [drift(cfg, start, t) for t in args.steps]

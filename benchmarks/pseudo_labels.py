@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ssfl.cli import resolve_experiment  # noqa: E402
-from strategies import METHODS  # noqa: E402
-from strategies.base import ServerSide  # noqa: E402
-from tasks.augment import WeakAugment  # noqa: E402
-from tasks.partition import get_split  # noqa: E402
-from tasks.train import evaluate, predict_logits, seed_torch, to_float  # noqa: E402
+from ssfl.experiment import resolve_experiment
+from ssfl.registry import method
+from strategies.parts import ServerSide
+from tasks.augment import WeakAugment
+from tasks.partition import get_split
+from tasks.train import evaluate, predict_logits, seeded, to_float
 
 
 def class_counts(labels: torch.Tensor, num_classes: int) -> list[int]:
@@ -53,28 +49,28 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    cfg = resolve_experiment(args.experiment, None, None, args.sets)
+    cfg = resolve_experiment(args.experiment, sets=args.sets)
     ds, split = get_split(cfg)
     device = torch.device("cpu")
     server = ServerSide.build(cfg, ds, split, device)
-    METHODS[cfg["method"]].strategy(server, lambda row: None).bootstrap()
+    method(cfg["method"]).server_half().strategy(server, lambda row: None).parts.trainer.bootstrap()
     bs = cfg["eval"]["batch_size"]
     test_acc, _ = evaluate(server.model, server.test_x, server.test_y, bs)
-    seed_torch(cfg["seed"])
-    weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
-    k, threshold = ds.num_classes, cfg["algo"]["threshold"]
-    users = [
-        user_pseudo_labels(
-            server.model,
-            to_float(ds.train_x[idx], device),
-            ds.train_y[idx],
-            weak,
-            threshold,
-            bs,
-            k,
-        )
-        for idx in split.clients
-    ]
+    with seeded(cfg["seed"]):
+        weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
+        k, threshold = ds.num_classes, cfg["algo"]["threshold"]
+        users = [
+            user_pseudo_labels(
+                server.model,
+                to_float(ds.train_x[idx], device),
+                ds.train_y[idx],
+                weak,
+                threshold,
+                bs,
+                k,
+            )
+            for idx in split.clients
+        ]
     total = {key: np.sum([u[key] for u in users], axis=0).tolist() for key in users[0]}
     report = {"test_accuracy": test_acc, "threshold": threshold, "users": users, "total": total}
     args.out.mkdir(parents=True, exist_ok=True)

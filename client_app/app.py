@@ -6,7 +6,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
-from strategies import METHODS
+from ssfl.registry import method
 
 app = ClientApp()
 
@@ -24,7 +24,7 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Local training of the method named in the round's config."""
     cfg = parse_config(str(msg.content["config"]["ssfl-config"]))
-    client_class = METHODS[cfg["method"]].client
+    client_class = method(cfg["method"]).client_half()
     if client_class is None:
         raise ValueError(f"method {cfg['method']!r} has no client half")
     node = node_from_config(context.node_config)

@@ -32,7 +32,7 @@ from tasks.train import (
     make_sgd,
     resolve_device,
     scheduled_lr,
-    seed_torch,
+    seeded,
     steps_per_round,
     to_float,
 )
@@ -84,12 +84,18 @@ def node_from_config(node_config: Mapping[str, Any]) -> Node:
     return Node(int(node_config["partition-id"]), str(node_config.get("data-path", "")))
 
 
-@functools.lru_cache(maxsize=8)
 def parse_config(text: str) -> dict[str, Any]:
+    """The round's config from its JSON: a fresh dict for every caller (never shared)."""
     return json.loads(text)
 
 
-@functools.lru_cache(maxsize=256)
+# Partitions a process keeps on its device. A simulation actor serves many nodes in
+# turn; beyond this many, the least recently used partition is rebuilt from the cached
+# split (an index and a copy, milliseconds) when its node is sampled again.
+PARTITIONS_CACHED = 32
+
+
+@functools.lru_cache(maxsize=PARTITIONS_CACHED)
 def _client_data(config_text: str, partition_id: int, device: str) -> ClientData:
     cfg = parse_config(config_text)
     ds, split = get_split(cfg)
@@ -155,7 +161,8 @@ def streamed(data: ClientData, scfg: dict[str, Any], server_round: int) -> Clien
     part = stream_slice(
         len(data.x), stream_step(server_round, steps, scfg["stream_rounds_per_step"]), steps
     )
-    return dataclasses.replace(data, x=data.x[part], true_y=data.true_y[part])
+    true_y = None if data.true_y is None else data.true_y[part]
+    return dataclasses.replace(data, x=data.x[part], true_y=true_y)
 
 
 @functools.lru_cache(maxsize=8)
@@ -171,10 +178,9 @@ def augmenters(
 class ClientHalf(ABC):
     """Local training of one client in one round."""
 
-    # Whether ``train`` honours client.local_steps and the lr_schedule (checked by the config).
-    counts_steps = False
-    # Whether ``train`` honours client.keep_momentum (checked by the config).
-    keeps_momentum = True
+    # The optional client options (ssfl.experiment.CLIENT_OPTIONS) ``train`` honours; the
+    # config refuses any other one set on. The base optimizer keeps momentum and Nesterov.
+    honours: frozenset[str] = frozenset({"client.keep_momentum", "client.nesterov"})
 
     def __init__(
         self, content: RecordDict, state: RecordDict, partition_id: int, data_path: str = ""
@@ -195,10 +201,7 @@ class ClientHalf(ABC):
         self.model = self.build_model()
         self.opt: torch.optim.Optimizer | None = None
         self.load_model()
-        # Seeded after the model is built, so the training stream depends on the seed alone.
-        self.generator = seed_torch(
-            derive_seed(self.cfg["seed"], "client", partition_id, self.round)
-        )
+        self.seed = derive_seed(self.cfg["seed"], "client", partition_id, self.round)
 
     def build_model(self) -> nn.Module:
         return model_for(self.cfg["model"], self.data).to(self.device)
@@ -211,7 +214,11 @@ class ClientHalf(ABC):
         """SGD; with client.keep_momentum, the momentum buffers of this node's last round."""
         ccfg = self.cfg["client"]
         self.opt = make_sgd(
-            self.model, self.lr, ccfg["momentum"], ccfg["weight_decay"], ccfg["nesterov"]
+            self.model.parameters(),
+            self.lr,
+            ccfg["momentum"],
+            ccfg["weight_decay"],
+            ccfg["nesterov"],
         )
         if ccfg["keep_momentum"] and MOMENTUM_KEY in self.state:
             record = self.state[MOMENTUM_KEY]
@@ -274,8 +281,14 @@ class ClientHalf(ABC):
     def reply_arrays(self) -> dict[str, ArrayRecord]:
         return {"arrays": ArrayRecord(self.model.state_dict())}
 
+    def run(self) -> dict[str, float]:
+        """``train`` with every random stream (augmentation, batch order) seeded by the
+        experiment's seed, the round and the partition alone."""
+        with seeded(self.seed) as self.generator:
+            return self.train()
+
     def reply(self) -> RecordDict:
-        metrics = self.train()
+        metrics = self.run()
         self.save_momentum()
         content = RecordDict(self.reply_arrays())
         content["metrics"] = MetricRecord(

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from client_app.base import ClientHalf
 from tasks.losses import proximal_term
-from tasks.train import set_lr, step_batches
+from tasks.train import cycled_batch, set_lr, step_batches
 
 
 class PseudoLabelStats:
@@ -51,7 +51,7 @@ class PseudoLabelStats:
 class ConsistencyClient(ClientHalf):
     """Local epochs (or steps) over the unlabeled data with a weak/strong consistency loss."""
 
-    counts_steps = True
+    honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name", "client.proximal_mu"}
 
     def views(self, xb: torch.Tensor, weak, strong) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the weak and the strong view of a batch, in one forward pass."""
@@ -66,9 +66,9 @@ class ConsistencyClient(ClientHalf):
     def labeled_loss(self, step: int, weak) -> torch.Tensor:
         """Cross-entropy on one labeled batch (labels-at-client), cycling through the set."""
         d = self.data
-        n = len(d.labeled_x)
-        bs = min(self.cfg["client"]["batch_size"], n)
-        idx = torch.arange(step * bs, step * bs + bs, device=d.labeled_x.device) % n
+        idx = cycled_batch(
+            step, self.cfg["client"]["batch_size"], len(d.labeled_x), d.labeled_x.device
+        )
         return F.cross_entropy(self.model(weak(d.labeled_x[idx])), d.labeled_y[idx])
 
     def train(self) -> dict[str, float]:

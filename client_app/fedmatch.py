@@ -35,7 +35,7 @@ from tasks.decompose import (
 from tasks.fedmatch import agreement_labels, inter_client_kl
 from tasks.models import model_for
 from tasks.sparse import decode, encode_changes, payload_arrays, payload_from
-from tasks.train import minibatches
+from tasks.train import cycled_batch, make_sgd, minibatches
 
 STATE_KEY = "fedmatch"
 
@@ -49,7 +49,9 @@ def randaugment(n: int, m: float, channels: int, device: str) -> RandAugment:
 class FedMatchClient(ClientHalf):
     """Local FedMatch training of one client in one round (both scenarios)."""
 
-    keeps_momentum = False  # one SGD per part, built every round (official code)
+    # One SGD per part, built every round (official code): no kept momentum, no proximal
+    # term, epochs at one rate a round.
+    honours = frozenset({"client.nesterov"})
 
     def build_model(self) -> Decomposed:
         net = model_for(self.cfg["model"], self.data)
@@ -94,11 +96,12 @@ class FedMatchClient(ClientHalf):
     # ----- Training -------------------------------------------------------------------
     def sgd(self, part: str) -> torch.optim.SGD:
         ccfg = self.cfg["client"]
-        return torch.optim.SGD(
+        return make_sgd(
             self.model.params(part),
-            lr=self.lr,
-            momentum=ccfg["momentum"],
-            weight_decay=ccfg["weight_decay"],
+            self.lr,
+            ccfg["momentum"],
+            ccfg["weight_decay"],
+            ccfg["nesterov"],
         )
 
     def train(self) -> dict[str, float]:
@@ -133,8 +136,9 @@ class FedMatchClient(ClientHalf):
         """Eq. 4: lambda_s CE on one labeled batch (cycled), psi frozen."""
         d, model = self.data, self.model
         weak, _ = self.augmenters()
-        bs = min(self.algo["labeled_batch_size"], len(d.labeled_x))
-        idx = torch.arange(step * bs, step * bs + bs, device=d.labeled_x.device) % len(d.labeled_x)
+        idx = cycled_batch(
+            step, self.algo["labeled_batch_size"], len(d.labeled_x), d.labeled_x.device
+        )
         model.train_only("sigma")
         loss = self.algo["lambda_s"] * F.cross_entropy(
             model(weak(d.labeled_x[idx])), d.labeled_y[idx]

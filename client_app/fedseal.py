@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord
 
 from client_app.base import ClientHalf
 from tasks.augment import augment_grouped
+from tasks.losses import proximal_term
 from tasks.selfensemble import (
     complementary_labels,
     lambda_ramp,
@@ -29,6 +30,8 @@ STATE_KEY = "fedseal"
 
 class FedSEALClient(ClientHalf):
     """Local training on D+ (strong view, cross-entropy) and D- (complementary labels)."""
+
+    honours = ClientHalf.honours | {"client.proximal_mu"}
 
     def ensemble(self, probs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Update the stored self-ensemble with this round's predictions (eq. 8)."""
@@ -82,7 +85,8 @@ class FedSEALClient(ClientHalf):
         return self.data.true_y
 
     def local_epochs(self, pos, pos_labels, neg, neg_labels, lam) -> tuple[float, int]:
-        """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16).
+        """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16), plus the FedProx term
+        when client.proximal_mu > 0 (ours: FedSEAL has none; off by default).
 
         Each batch of the local data contributes the mean loss of its positives (strong
         view, drawn for a group of batches at once) and of its negatives (plain view);
@@ -91,6 +95,8 @@ class FedSEALClient(ClientHalf):
         d, ccfg = self.data, self.cfg["client"]
         _, strong = self.augmenters()
         opt = self.optimizer()
+        mu = ccfg["proximal_mu"]
+        anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
         self.model.train()
         total, steps = 0.0, 0
         for _ in range(ccfg["epochs"]):
@@ -109,6 +115,8 @@ class FedSEALClient(ClientHalf):
                     loss = loss + lam * positive_loss(logits[: len(p_idx)], pos_labels[p_idx])
                 if len(n_idx):
                     loss = loss + negative_loss(logits[len(p_idx) :], neg_labels[n_idx])
+                if mu > 0:
+                    loss = loss + proximal_term(self.model, anchor, mu)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

@@ -11,7 +11,7 @@ from tasks.train import supervised_epochs
 class SupervisedClient(ClientHalf):
     """The upper bound: the client's data comes with its labels (weak augmentation)."""
 
-    counts_steps = True
+    honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name", "client.proximal_mu"}
 
     def train(self) -> dict[str, float]:
         d, ccfg = self.data, self.cfg["client"]

@@ -6,39 +6,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ConfigError, data_root, deep_merge, parse_overrides, read_yaml, resolve
-
-
-def resolve_experiment(
-    path: str, rounds: int | None, nodes: int | None, sets: list[str]
-) -> dict[str, Any]:
-    """YAML + --rounds/--nodes/--set, validated, with the data folder made absolute."""
-    raw = read_yaml(path)
-    if rounds is not None:
-        raw = deep_merge(raw, {"rounds": rounds})
-    if nodes is not None:
-        raw = deep_merge(raw, {"split": {"num_clients": nodes}})
-    raw = deep_merge(raw, parse_overrides(sets))
-    cfg = resolve(raw)
-    cfg["dataset"]["root"] = str(data_root(cfg))
-    return cfg
-
-
-def check_data(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Load the dataset and build the split now, so bad data fails before any training."""
-    from tasks.partition import get_split
-
-    _, split = get_split(cfg)
-    return split.summary
-
-
-def default_out(cfg: dict[str, Any]) -> Path:
-    label = cfg["name"] or cfg["method"]
-    return Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+from ssfl.experiment import check_data, default_out, resolve_experiment
+from tasks.config import ConfigError
 
 
 def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:

@@ -7,14 +7,13 @@ reproduction resumes where it stopped; a cell whose config changed is run again.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ssfl.experiment import check_data, resolve_experiment, same_config
 from ssfl.runner import run_simulation
-from tasks.config import ConfigError, flatten, resolve
 from tasks.results import load_results, plot_curves
 
 
@@ -127,8 +126,6 @@ def run_cell(
     run: bool = True,
 ) -> dict[str, Any] | None:
     """The cell's results: reused when made with the same config, else run (None: not run)."""
-    from ssfl.cli import check_data, resolve_experiment
-
     cfg = resolve_experiment(experiment, rounds, None, overrides)
     if (out / "results.json").is_file():
         previous = load_results(out)
@@ -141,34 +138,6 @@ def run_cell(
     check_data(cfg)
     print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
     return run_simulation(cfg, out, stream=False)
-
-
-# Keys that say where and how a run executes, not what it computes.
-EXECUTION_KEYS = (
-    "dataset.root",
-    "federation.min_clients",
-    "federation.timeout_s",
-    "simulation.num_cpus",
-    "simulation.num_gpus",
-)
-
-
-def same_config(recorded: dict[str, Any], cfg: dict[str, Any]) -> bool:
-    """Whether a results.json's config is this cell's config (execution keys aside).
-
-    The recorded config is resolved again first, so keys added to the defaults since
-    the run compare equal when the cell keeps their default value.
-    """
-    try:
-        recorded = resolve(json.loads(json.dumps(recorded)))
-    except ConfigError:
-        return False
-
-    def comparable(c: dict[str, Any]) -> dict[str, Any]:
-        flat = flatten(json.loads(json.dumps(c)))
-        return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
-
-    return comparable(recorded) == comparable(cfg)
 
 
 def final(results: dict[tuple[str, str], dict[str, Any]], label: str, column: str) -> float | None:

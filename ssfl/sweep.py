@@ -13,12 +13,11 @@ combination of the other keys) and ``DIR/accuracy.png`` (every cell's curve).
 from __future__ import annotations
 
 import itertools
-import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ssfl.experiment import check_data, resolve_experiment, same_config
 from tasks.config import ConfigError, parse_scalar
 from tasks.results import load_results, markdown_table, plot_curves, plot_sweep
 
@@ -58,18 +57,11 @@ def cell_dir(out: Path, cell: Cell) -> Path:
     return out / cell_label(cell).replace("/", "_").replace(" ", "_")
 
 
-def same_config(results_path: Path, cfg: Mapping[str, Any]) -> bool:
-    """Whether a finished cell's results.json was made with exactly this config."""
-    if not results_path.is_file():
-        return False
-    stored = json.loads(results_path.read_text()).get("config")
-    return json.dumps(stored, sort_keys=True) == json.dumps(cfg, sort_keys=True)
-
-
 def run_or_reuse(cfg: dict[str, Any], out: Path, label: str) -> dict[str, Any]:
     from ssfl.runner import run_simulation
 
-    if same_config(out / "results.json", cfg):
+    results = out / "results.json"
+    if results.is_file() and same_config(load_results(out).get("config", {}), cfg):
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
         return load_results(out)
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
@@ -86,7 +78,6 @@ def sweep(
     experiment: str, grid_items: list[str], sets: list[str], rounds: int | None, out: Path
 ) -> str:
     """Run (or reuse) every cell of the grid; write table.md, sweep.png and accuracy.png."""
-    from ssfl.cli import check_data, resolve_experiment
 
     grid = parse_grid(grid_items)
     cells = grid_cells(grid)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.base import SSFLStrategy
+from strategies.loop import ServerHalf
 
 
-class FedAvgSL(SSFLStrategy):
+class FedAvgSL(ServerHalf):
     """Plain FedAvg over supervised client training (McMahan et al. 2017)."""
 
 

@@ -13,17 +13,24 @@ bytes sent beside the dense cost of one model per message.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
 from torch import nn
 
-from strategies.base import ServerSide, SSFLStrategy
+from strategies.loop import Parts, ServerHalf
+from strategies.parts import (
+    DenseCodec,
+    Metrics,
+    ServerSide,
+    SupervisedTrainer,
+    TestAccuracy,
+    Update,
+    to_record,
+)
 from tasks.aggregate import weighted_average
 from tasks.config import ConfigError
 from tasks.decompose import (
@@ -35,20 +42,153 @@ from tasks.decompose import (
 )
 from tasks.fedmatch import HelperIndex, is_helper_round, noise_input
 from tasks.sparse import Broadcast, decode, encode_changes, payload_arrays, payload_from
-from tasks.train import derive_seed, seed_torch, supervised_epochs
+from tasks.train import LossFn, derive_seed
 
 
-def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    """An ArrayRecord of numpy arrays (sparse payloads keep their index dtype)."""
-    return ArrayRecord(
-        array_dict={key: Array(np.ascontiguousarray(v)) for key, v in arrays.items()}
-    )
+class SigmaTrainer(SupervisedTrainer):
+    """Eq. 4 (Algorithm 2): lambda_s CE on the labeled set, sigma trained, psi frozen."""
+
+    def __init__(self, server: ServerSide, model: Decomposed):
+        super().__init__(server)
+        self.model = model
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self.model.params("sigma")
+
+    def loss(self, server_round: int) -> tuple[LossFn | None, Metrics]:
+        self.model.train_only("sigma")
+        lam = self.cfg["algo"]["lambda_s"]
+        return (lambda logits, y: lam * F.cross_entropy(logits, y)), {}
 
 
-class FedMatch(SSFLStrategy):
+class SparseSync(DenseCodec):
+    """FedMatch's payload codec and aggregator: sparse traffic both ways, helpers.
+
+    Both directions carry only the elements that moved by more than ``delta``
+    (``tasks.sparse``) against the copy the other side holds. Uploaded parts are decoded
+    against the public copy and averaged uniformly (official code); every replying
+    client's model is embedded by its softmax on one fixed noise image, and on helper
+    rounds a client also receives the unlabeled parts of its H nearest others (eq. 1-3).
+    """
+
+    def __init__(self, server: ServerSide, model: Decomposed):
+        super().__init__()
+        self.cfg, self.algo, self.model = server.cfg, server.cfg["algo"], model
+        self.uploaded = uploaded_parts(model, self.cfg["split"]["scenario"] == "labels_at_client")
+        self.public = {part: Broadcast() for part in model.parts()}
+        self.synced: dict[int, int] = {}  # partition -> round whose public copy it holds
+        self.latest: dict[int, torch.Tensor] = {}  # partition -> its last unlabeled part
+        self.embeddings: dict[int, np.ndarray] = {}
+        self.index: HelperIndex | None = None
+        ds = server.dataset
+        self.noise = noise_input(
+            ds.channels, ds.image_size, derive_seed(self.cfg["seed"], "fedmatch-noise")
+        ).to(server.device)
+        self.dense_model_bytes = dense_model_bytes(model)
+
+    # ----- Server -> client -----------------------------------------------------------
+    def begin_round(self, server_round: int) -> Metrics:
+        """Publish the round's model (changes > delta); on helper rounds index the clients."""
+        for part in self.model.parts():
+            self.public[part].publish(self.model.flat(part), self.algo["delta"], server_round)
+        helper_round = is_helper_round(server_round, self.algo["helper_interval"])
+        use_helpers = helper_round and self.algo["num_helpers"] > 0 and self.embeddings
+        self.index = HelperIndex(self.embeddings) if use_helpers else None
+        return {"helper_round": float(self.index is not None)}
+
+    def helpers_of(self, pid: int) -> list[int]:
+        if self.index is None:
+            return []
+        return self.index.helpers(pid, self.algo["num_helpers"])
+
+    def config(self, server_round: int, pid: int) -> dict[str, Any]:
+        """The round of the client's copy (-1: dense) and its helpers."""
+        helpers = self.helpers_of(pid)
+        return {"sync-since": self.synced.get(pid, -1), **({"helpers": helpers} if helpers else {})}
+
+    def encode(self, server_round: int, pid: int, start: ArrayRecord) -> dict[str, Any]:
+        """The public model against the client's copy, and on helper rounds its helpers'
+        unlabeled parts against the public copy."""
+        since = self.synced.get(pid)
+        model: dict[str, np.ndarray] = {}
+        for part in self.model.parts():
+            model.update(payload_arrays(self.public[part].payload(since), part))
+        model.update(buffer_arrays(self.model))
+        out: dict[str, Any] = {"arrays": to_record(model)}
+        helpers = self.helpers_of(pid)
+        if helpers:
+            ref = self.public[self.model.unlabeled_part].value
+            arrays: dict[str, np.ndarray] = {}
+            for j, helper in enumerate(helpers):
+                changes = encode_changes(self.latest[helper], ref, self.algo["delta"])
+                arrays.update(payload_arrays(changes, f"h{j}"))
+            out["helpers"] = to_record(arrays)
+        return out
+
+    # ----- Client -> server -----------------------------------------------------------
+    def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        return arrays
+
+    def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
+        """Decode each upload against the public copy, embed it, average uniformly."""
+        uploads: dict[str, list[torch.Tensor]] = {part: [] for part in self.uploaded}
+        buffers = []
+        for update in updates:
+            vectors, update_buffers = self.decode(update)
+            for part, vector in vectors.items():
+                uploads[part].append(vector)
+            buffers.append(update_buffers)
+            self.latest[update.pid] = vectors[self.model.unlabeled_part]
+            self.embeddings[update.pid] = self.embed(vectors)
+            self.synced[update.pid] = server_round
+        for part, vectors in uploads.items():
+            self.model.load_flat(part, torch.stack(vectors).mean(dim=0))
+        if buffers[0]:
+            average = weighted_average(buffers, [1.0] * len(buffers))
+            self.model.net.load_state_dict({k: torch.from_numpy(v) for k, v in average.items()})
+        metrics: Metrics = {}
+        if self.model.decomposed:
+            metrics["psi_nonzero"] = float((self.model.flat("psi") != 0).float().mean())
+        return ArrayRecord(self.model.state_dict()), metrics
+
+    def end_round(self, sent: set[int], replied: set[int]) -> None:
+        """A client that did not reply may hold any copy: dense next time."""
+        for pid in sent - replied:
+            self.synced.pop(pid, None)
+
+    def decode(self, update: Update) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+        """An update's uploaded parts, decoded against the public copy, and its buffers."""
+        arrays = {k: v.numpy() for k, v in update.content["arrays"].items()}
+        n = self.model.numel()
+        vectors = {
+            part: decode(self.public[part].value, payload_from(arrays, part), n)
+            for part in self.uploaded
+        }
+        buffers = {k[len(BUFFER) :]: v for k, v in arrays.items() if k.startswith(BUFFER)}
+        return vectors, buffers
+
+    def load_local(self, model: nn.Module, update: Update) -> None:
+        """A client's model: its uploaded parts, the public copy of the others (sigma with
+        labels at the server: the one it received), its buffers."""
+        vectors, buffers = self.decode(update)
+        for part in self.model.parts():
+            model.load_flat(part, vectors.get(part, self.public[part].value))
+        if buffers:
+            model.net.load_state_dict({k: torch.from_numpy(v) for k, v in buffers.items()})
+
+    def embed(self, vectors: dict[str, torch.Tensor]) -> np.ndarray:
+        """m^k = p(y | a) of the client's model on the fixed noise input a (section 3.1).
+
+        Labels-at-server: the server's sigma plus the client's psi; at client: its own sigma.
+        """
+        unlabeled = vectors[self.model.unlabeled_part]
+        sigma = vectors.get("sigma") if self.model.decomposed else None
+        logits = self.model.forward_with(unlabeled, self.noise, sigma)
+        return torch.softmax(logits, dim=1)[0].cpu().numpy()
+
+
+class FedMatch(ServerHalf):
     """Server half of FedMatch for both scenarios (``split.scenario``)."""
-
-    keeps_momentum = False  # sigma's optimizer is built every round (official code)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -92,171 +232,11 @@ class FedMatch(SSFLStrategy):
                 "(server.epochs); set it to 0"
             )
 
-    def __init__(self, server: ServerSide, on_round):
-        super().__init__(server, on_round)
-        algo = self.cfg["algo"]
-        server.model = Decomposed(server.model, algo["psi_factor"], algo["decomposition"])
-        server.model.to(server.device)
-        self.model: Decomposed = server.model
-        self.uploaded = uploaded_parts(
-            self.model, self.cfg["split"]["scenario"] == "labels_at_client"
-        )
-        self.public = {part: Broadcast() for part in self.model.parts()}
-        self.synced: dict[int, int] = {}  # partition -> round whose public copy it holds
-        self.latest: dict[int, torch.Tensor] = {}  # partition -> its last unlabeled part
-        self.embeddings: dict[int, np.ndarray] = {}
-        self.index: HelperIndex | None = None
-        self.sent_to: set[int] = set()
-        self.replied: set[int] = set()
-        ds = server.dataset
-        self.noise = noise_input(
-            ds.channels, ds.image_size, derive_seed(self.cfg["seed"], "fedmatch-noise")
-        ).to(server.device)
-        self.dense_bytes = dense_model_bytes(self.model)
-
-    # ----- Server training of sigma (eq. 4) -------------------------------------------
-    def server_train(self, server_round: int, epochs: int, loss_fn=None) -> dict[str, float]:
-        """lambda_s CE on the labeled set, sigma trained, psi frozen (eq. 4, Algorithm 2)."""
-        if epochs == 0 or len(self.server.labeled_x) == 0:
-            return {}
-        scfg, lam = self.cfg["server"], self.cfg["algo"]["lambda_s"]
-        self.model.train_only("sigma")
-        opt = torch.optim.SGD(
-            self.model.params("sigma"),
-            lr=self.server_lr(server_round),
-            momentum=scfg["momentum"],
-            weight_decay=scfg["weight_decay"],
-        )
-        out = supervised_epochs(
-            self.model,
-            self.server.labeled_x,
-            self.server.labeled_y,
-            epochs=epochs,
-            optimizer=opt,
-            batch_size=scfg["batch_size"],
-            generator=seed_torch(derive_seed(self.cfg["seed"], "server", server_round)),
-            augment=self.weak,
-            loss_fn=lambda logits, y: lam * F.cross_entropy(logits, y),
-        )
-        return {"server_loss": out["loss"]}
-
-    # ----- Messages to clients --------------------------------------------------------
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Publish the round's model (changes > delta), choose helpers, build the messages."""
-        delta = self.cfg["algo"]["delta"]
-        for part in self.model.parts():
-            self.public[part].publish(self.model.flat(part), delta, server_round)
-        helper_round = is_helper_round(server_round, self.cfg["algo"]["helper_interval"])
-        use_helpers = helper_round and self.cfg["algo"]["num_helpers"] > 0 and self.embeddings
-        self.index = HelperIndex(self.embeddings) if use_helpers else None
-        self.sent_to = set()
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        self.round_metrics["helper_round"] = float(self.index is not None)
-        self.round_metrics["bytes_s2c_dense"] = self.dense_bytes * len(messages)
-        self.round_metrics["s2c_ratio"] = self.stats.bytes_s2c / max(
-            self.round_metrics["bytes_s2c_dense"], 1
-        )
-        return messages
-
-    def helpers_of(self, pid: int) -> list[int]:
-        if self.index is None:
-            return []
-        return self.index.helpers(pid, self.cfg["algo"]["num_helpers"])
-
-    def client_arrays(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
-        """The public model as a payload against the copy the client holds (dense if none)."""
-        since = self.synced.get(pid)
-        out: dict[str, np.ndarray] = {}
-        for part in self.model.parts():
-            out.update(payload_arrays(self.public[part].payload(since), part))
-        out.update(buffer_arrays(self.model))
-        self.sent_to.add(pid)
-        return to_record(out)
-
-    def client_config(self, server_round: int, pid: int) -> ConfigRecord:
-        """Base config plus the round of the client's copy (-1: dense) and its helpers."""
-        config = super().client_config(server_round, pid)
-        config["sync-since"] = self.synced.get(pid, -1)
-        helpers = self.helpers_of(pid)
-        if helpers:
-            config["helpers"] = helpers
-        return config
-
-    def client_extras(self, server_round: int, pid: int) -> dict[str, Any]:
-        """On helper rounds: the helpers' unlabeled parts, sparse against the public copy."""
-        helpers = self.helpers_of(pid)
-        if not helpers:
-            return {}
-        ref = self.public[self.model.unlabeled_part].value
-        delta = self.cfg["algo"]["delta"]
-        out: dict[str, np.ndarray] = {}
-        for j, helper in enumerate(helpers):
-            out.update(payload_arrays(encode_changes(self.latest[helper], ref, delta), f"h{j}"))
-        return {"helpers": to_record(out)}
-
-    # ----- Replies --------------------------------------------------------------------
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Base aggregation; a client that did not reply may hold any copy: dense next time."""
-        self.replied = set()
-        result = super().aggregate_train(server_round, replies)
-        for pid in self.sent_to - self.replied:
-            self.synced.pop(pid, None)
-        return result
-
-    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
-        """Decode each upload against the public copy, embed it, average uniformly."""
-        uploads: dict[str, list[torch.Tensor]] = {part: [] for part in self.uploaded}
-        buffers = []
-        for reply in replies:
-            pid = int(reply.content["metrics"]["partition-id"])
-            vectors, reply_buffers = self.decode_reply(reply)
-            for part, vector in vectors.items():
-                uploads[part].append(vector)
-            buffers.append(reply_buffers)
-            self.latest[pid] = vectors[self.model.unlabeled_part]
-            self.embeddings[pid] = self.embed(vectors)
-            self.synced[pid] = server_round
-            self.replied.add(pid)
-        for part, vectors in uploads.items():
-            self.model.load_flat(part, torch.stack(vectors).mean(dim=0))
-        if buffers[0]:
-            average = weighted_average(buffers, [1.0] * len(buffers))
-            self.model.net.load_state_dict({k: torch.from_numpy(v) for k, v in average.items()})
-        self.round_metrics["c2s_ratio"] = self.stats.bytes_c2s / max(self.stats.bytes_c2s_dense, 1)
-        if self.model.decomposed:
-            self.round_metrics["psi_nonzero"] = float((self.model.flat("psi") != 0).float().mean())
-        return ArrayRecord(self.model.state_dict())
-
-    def decode_reply(self, reply: Message) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
-        """A reply's uploaded parts, decoded against the public copy, and its buffers."""
-        arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
-        n = self.model.numel()
-        vectors = {
-            part: decode(self.public[part].value, payload_from(arrays, part), n)
-            for part in self.uploaded
-        }
-        buffers = {k[len(BUFFER) :]: v for k, v in arrays.items() if k.startswith(BUFFER)}
-        return vectors, buffers
-
-    def load_local(self, model: nn.Module, reply: Message) -> None:
-        """A client's model: its uploaded parts, the public copy of the others (sigma with
-        labels at the server: the one it received), its buffers."""
-        vectors, buffers = self.decode_reply(reply)
-        for part in self.model.parts():
-            model.load_flat(part, vectors.get(part, self.public[part].value))
-        if buffers:
-            model.net.load_state_dict({k: torch.from_numpy(v) for k, v in buffers.items()})
-
-    def embed(self, vectors: dict[str, torch.Tensor]) -> np.ndarray:
-        """m^k = p(y | a) of the client's model on the fixed noise input a (section 3.1).
-
-        Labels-at-server: the server's sigma plus the client's psi; at client: its own sigma.
-        """
-        unlabeled = vectors[self.model.unlabeled_part]
-        sigma = vectors.get("sigma") if self.model.decomposed else None
-        logits = self.model.forward_with(unlabeled, self.noise, sigma)
-        return torch.softmax(logits, dim=1)[0].cpu().numpy()
+    @classmethod
+    def parts(cls, server: ServerSide) -> Parts:
+        """The global model becomes sigma + psi (tasks.decompose) before any part sees it."""
+        algo = server.cfg["algo"]
+        model = Decomposed(server.model, algo["psi_factor"], algo["decomposition"])
+        server.model = model.to(server.device)
+        sync = SparseSync(server, model)
+        return Parts(SigmaTrainer(server, model), sync, TestAccuracy(server), sync)

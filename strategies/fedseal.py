@@ -12,13 +12,38 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-from strategies.base import SSFLStrategy
+from strategies.loop import Parts, ServerHalf
+from strategies.parts import Metrics, ServerSide
 from tasks.config import ConfigError
 from tasks.selfensemble import class_thresholds
 from tasks.train import predict_logits
 
 
-class FedSEAL(SSFLStrategy):
+class ClassThresholds:
+    """tau of eq. 5 on the validation set, clipped to tau_max (or one fixed value); sent to
+    every client with the model."""
+
+    def __init__(self, server: ServerSide):
+        self.server = server
+        self.algo = server.cfg["algo"]
+        self.tau = torch.zeros(0)
+
+    def update(self, server_round: int) -> Metrics:
+        srv, algo = self.server, self.algo
+        k = srv.dataset.num_classes
+        if not algo["classwise_threshold"]:
+            self.tau = torch.full((k,), algo["fixed_threshold"])
+        else:
+            logits = predict_logits(srv.model, srv.val_x, srv.cfg["eval"]["batch_size"])
+            tau = class_thresholds(torch.softmax(logits, dim=1), srv.val_y, k)
+            self.tau = tau.clamp(max=algo["tau_max"]).cpu()
+        return {"tau": [round(float(t), 4) for t in self.tau]}
+
+    def records(self, server_round: int, pid: int) -> dict[str, Any]:
+        return {"tau": ArrayRecord({"tau": self.tau.float()})}
+
+
+class FedSEAL(ServerHalf):
     """Server half of FedSEAL; the client half keeps the self-ensemble in context.state."""
 
     @classmethod
@@ -61,25 +86,6 @@ class FedSEAL(SSFLStrategy):
         if algo["lambda_ramp_rounds"] < 0:
             raise ConfigError("config key 'algo.lambda_ramp_rounds': must be >= 0")
 
-    def thresholds(self) -> torch.Tensor:
-        """tau of eq. 5 with the current global model, clipped to tau_max (or one fixed value)."""
-        algo, srv = self.cfg["algo"], self.server
-        k = srv.dataset.num_classes
-        if not algo["classwise_threshold"]:
-            return torch.full((k,), algo["fixed_threshold"])
-        logits = predict_logits(srv.model, srv.val_x, self.cfg["eval"]["batch_size"])
-        tau = class_thresholds(torch.softmax(logits, dim=1), srv.val_y, k)
-        return tau.clamp(max=algo["tau_max"]).cpu()
-
-    def bootstrap(self) -> None:
-        super().bootstrap()
-        self.tau = self.thresholds()
-
-    def server_update(self, server_round: int) -> dict[str, float]:
-        out = super().server_update(server_round)
-        self.tau = self.thresholds()
-        self.round_metrics["tau"] = [round(float(t), 4) for t in self.tau]
-        return out
-
-    def client_extras(self, server_round: int, pid: int) -> dict[str, Any]:
-        return {"tau": ArrayRecord({"tau": self.tau.float()})}
+    @classmethod
+    def parts(cls, server: ServerSide) -> Parts:
+        return Parts.standard(server, payloads=[ClassThresholds(server)])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.base import SSFLStrategy
+from strategies.loop import ServerHalf
 from strategies.server_sl import labels_at_server_defaults
 
 
-class FedAvgFixMatch(SSFLStrategy):
+class FedAvgFixMatch(ServerHalf):
     """FedAvg of FixMatch clients; ``client.proximal_mu`` > 0 gives FedProx-FixMatch."""
 
     @classmethod

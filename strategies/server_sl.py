@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.base import SSFLStrategy
+from strategies.loop import Parts, ServerHalf
+from strategies.parts import DenseCodec, ServerSide, SupervisedTrainer, TestAccuracy
 
 # Server schedule shared by every labels-at-server method: bootstrap on the labeled set
 # (FedSEAL 4.1.3), then E_s epochs a round (FedSEAL eq. 3-4).
@@ -23,11 +24,13 @@ def labels_at_server_defaults(**algo: Any) -> dict[str, Any]:
     }
 
 
-class ServerSL(SSFLStrategy):
+class ServerSL(ServerHalf):
     """No client takes part; each round is E_s epochs on the server's labeled data."""
-
-    uses_clients = False
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return SERVER_SCHEDULE
+
+    @classmethod
+    def parts(cls, server: ServerSide) -> Parts:
+        return Parts(SupervisedTrainer(server), None, TestAccuracy(server), DenseCodec())

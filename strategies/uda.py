@@ -4,12 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.base import SSFLStrategy
+from strategies.loop import Parts, ServerHalf
+from strategies.parts import (
+    DenseCodec,
+    FedAvg,
+    Metrics,
+    ServerSide,
+    SupervisedTrainer,
+    TestAccuracy,
+)
 from strategies.server_sl import labels_at_server_defaults
 from tasks.losses import tsa_cross_entropy, tsa_threshold
+from tasks.train import LossFn
 
 
-class FedAvgUDA(SSFLStrategy):
+class TSATrainer(SupervisedTrainer):
+    """The server's epochs ignore samples above the TSA threshold eta_t (UDA 3.2)."""
+
+    def loss(self, server_round: int) -> tuple[LossFn | None, Metrics]:
+        eta = tsa_threshold(
+            server_round / self.cfg["rounds"],
+            self.cfg["algo"]["tsa_schedule"],
+            self.server.dataset.num_classes,
+        )
+        if server_round == 0:  # the bootstrap trains on plain cross-entropy
+            return None, {}
+        return (lambda logits, y: tsa_cross_entropy(logits, y, eta)), {"tsa_eta": eta}
+
+
+class FedAvgUDA(ServerHalf):
     """FedAvg of UDA clients; the server's supervised loss uses training-signal annealing."""
 
     @classmethod
@@ -18,16 +41,6 @@ class FedAvgUDA(SSFLStrategy):
         # and the 'exp' TSA schedule when labeled data is scarce.
         return labels_at_server_defaults(threshold=0.9, temperature=0.4, tsa_schedule="exp")
 
-    def server_update(self, server_round: int) -> dict[str, float]:
-        """E_s epochs on the labeled set, ignoring samples above the TSA threshold eta_t."""
-        eta = tsa_threshold(
-            server_round / self.cfg["rounds"],
-            self.cfg["algo"]["tsa_schedule"],
-            self.server.dataset.num_classes,
-        )
-        out = self.server_train(
-            server_round,
-            self.cfg["server"]["epochs"],
-            loss_fn=lambda logits, y: tsa_cross_entropy(logits, y, eta),
-        )
-        return {**out, "tsa_eta": eta}
+    @classmethod
+    def parts(cls, server: ServerSide) -> Parts:
+        return Parts(TSATrainer(server), FedAvg(), TestAccuracy(server), DenseCodec())

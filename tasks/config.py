@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
         "stream_rounds_per_step": 10,
     },
     # dropout: Dropout2d after small_cnn's conv blocks (the SSFL benchmark's EMNIST CNN: 0.25).
-    "model": {"name": "small_cnn", "norm": "bn", "dropout": 0.0},
+    "model": {"name": "small_cnn", "norm": "bn", "dropout": 0.0, "head_size": 0},
     "server": {
         "bootstrap_epochs": 0,
         "epochs": 0,
@@ -112,19 +112,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.norm": ("none", "bn", "gn"),
     "lr_schedule.name": ("exponential", "cosine"),
 }
-
-
-def _registered_choices() -> dict[str, tuple[str, ...]]:
-    """Allowed names that live in registries (methods, datasets, models)."""
-    from strategies import METHODS
-    from tasks.data import DATASETS
-    from tasks.models import MODELS
-
-    return {
-        "method": tuple(sorted(METHODS)),
-        "dataset.name": tuple(sorted(DATASETS)),
-        "model.name": tuple(sorted(MODELS)),
-    }
 
 
 def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -242,36 +229,21 @@ def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def resolve(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate a raw experiment mapping and return the full config with defaults."""
-    from strategies import METHODS
-
-    method = raw.get("method", DEFAULTS["method"])
-    if method not in METHODS:
-        allowed = ", ".join(sorted(METHODS))
-        raise ConfigError(f"config key 'method': unknown method {method!r} (allowed: {allowed})")
-    schema = deep_merge(DEFAULTS, METHODS[method].defaults())
+def resolve(
+    raw: Mapping[str, Any],
+    method_defaults: Mapping[str, Any],
+    choices: Mapping[str, tuple[str, ...]],
+) -> dict[str, Any]:
+    """Validate a raw experiment mapping against DEFAULTS with the method's own defaults
+    merged in; return the full config. ``choices``: allowed values of more keys (the
+    registered datasets and models)."""
+    schema = deep_merge(DEFAULTS, method_defaults)
     cfg = _validate(raw, schema, "")
-    client = METHODS[method].client
-    stepwise = cfg["client"]["local_steps"] or cfg["lr_schedule"]["name"] != "exponential"
-    if client is not None and not client.counts_steps and stepwise:
-        raise ConfigError(
-            f"method {method!r} trains its clients in epochs at one rate a round: "
-            "client.local_steps must be 0 and lr_schedule.name 'exponential'"
-        )
-    halves = {"server": METHODS[method].strategy, "client": client}
-    for half, cls in halves.items():
-        if cfg[half]["keep_momentum"] and cls is not None and not cls.keeps_momentum:
-            raise ConfigError(
-                f"config key '{half}.keep_momentum': method {method!r} does not keep its "
-                f"{half}'s SGD state across rounds; set it to false"
-            )
-    for key, allowed in {**CHOICES, **_registered_choices()}.items():
+    for key, allowed in {**CHOICES, **choices}.items():
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {', '.join(allowed)}")
     _check_ranges(cfg)
-    METHODS[method].strategy.check_config(cfg)
     return cfg
 
 
@@ -303,6 +275,7 @@ MINIMUM: dict[str, float] = {
     "lr_schedule.warmup_epochs": 0,
     "lr_schedule.epoch_samples": 1,
     "lr_schedule.floor": 0,
+    "model.head_size": 0,
 }
 
 
@@ -325,6 +298,14 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
             f"config key 'model.dropout': only small_cnn has a dropout layer, "
             f"not {cfg['model']['name']}"
         )
+    _check_scenario(cfg["split"])
+    for half in ("server", "client"):
+        _check_round_length(half, cfg[half], cfg["lr_schedule"]["name"])
+    for half in ("server", "client"):
+        if cfg[half]["nesterov"] and cfg[half]["momentum"] <= 0:
+            raise ConfigError(
+                f"config key '{half}.nesterov': Nesterov momentum needs {half}.momentum > 0"
+            )
     sched = cfg["lr_schedule"]
     if sched["epochs"] and sched["warmup_epochs"] >= sched["epochs"]:
         raise ConfigError(
@@ -333,12 +314,29 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
         )
 
 
-def load_experiment(path: str | Path, overrides: list[str] | str | None = None) -> dict[str, Any]:
-    """Read an experiment YAML, apply ``key=value`` overrides and validate it."""
-    raw = read_yaml(path)
-    if overrides:
-        raw = deep_merge(raw, parse_overrides(overrides))
-    return resolve(raw)
+def _check_round_length(half: str, hcfg: Mapping[str, Any], schedule: str) -> None:
+    """One key counts a round (epochs or T steps) and one sets its rate's decay."""
+    if hcfg["epochs"] > 0 and hcfg["local_steps"] > 0:
+        raise ConfigError(
+            f"config keys '{half}.epochs' and '{half}.local_steps': a round is counted in "
+            f"one of them; set {half}.epochs to 0 when {half}.local_steps > 0"
+        )
+    if schedule != "exponential" and hcfg["lr_decay"] != 1.0:
+        raise ConfigError(
+            f"config key '{half}.lr_decay': the {schedule} lr_schedule sets the rate; "
+            "lr_decay applies to the exponential schedule only (set it to 1.0)"
+        )
+
+
+def _check_scenario(split: Mapping[str, Any]) -> None:
+    """split.scenario and split.client_labeled_per_class state one fact: they must agree."""
+    at_client = split["scenario"] == "labels_at_client"
+    if at_client != (split["client_labeled_per_class"] > 0):
+        raise ConfigError(
+            f"config keys 'split.scenario' ({split['scenario']}) and "
+            f"'split.client_labeled_per_class' ({split['client_labeled_per_class']}) disagree: "
+            "labels_at_client needs client labels (> 0), labels_at_server none (0)"
+        )
 
 
 def data_root(cfg: Mapping[str, Any]) -> Path:
@@ -356,11 +354,3 @@ def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def from_run_config(run_config: Mapping[str, Any], app_dir: Path) -> dict[str, Any]:
-    """The experiment of a Flower run: ``experiment`` (relative to the app) plus ``overrides``."""
-    path = Path(str(run_config.get("experiment", "")))
-    if not path.is_absolute():
-        path = app_dir / path
-    return load_experiment(path, str(run_config.get("overrides", "")))

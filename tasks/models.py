@@ -2,15 +2,23 @@
 
 Every model takes images in [0, 1] of shape (N, C, H, W); the first layer
 normalises them with the dataset's mean and std, so callers never do.
+
+Every registered model is a :class:`Net`: conv blocks (``feature_maps``), a pooled and
+flattened representation (``embed``) and a ``head`` on it, with forward = head(embed(x)).
+The functions :func:`feature_maps`, :func:`embedding`, :func:`head_of` and :func:`num_blocks`
+reach these through the Normalize wrapper that :func:`build_model` adds.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+
+from tasks.config import ConfigError
 
 
 class Normalize(nn.Module):
@@ -34,11 +42,51 @@ def norm_layer(kind: str, channels: int) -> nn.Module:
     return nn.Identity()
 
 
-class SmallCNN(nn.Module):
+class Net(nn.Module, ABC):
+    """Base of the registered models.
+
+    ``features`` is an nn.Sequential whose leading layers are the conv blocks: block i ends
+    before layer ``block_ends[i]``; the layers after the last block (pooling, flattening)
+    and the head's input layers belong to ``embed``.
+    """
+
+    features: nn.Sequential
+    block_ends: tuple[int, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of conv blocks, the maps ``feature_maps`` returns."""
+        return len(self.block_ends)
+
+    @property
+    @abstractmethod
+    def head(self) -> nn.Module:
+        """The classifier applied to ``embed``'s output."""
+
+    @abstractmethod
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The (N, D) representation the head takes."""
+
+    def feature_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The output of each conv block in order: ``num_blocks`` (N, C, H, W) tensors."""
+        maps = []
+        for i, layer in enumerate(self.features[: self.block_ends[-1]], 1):
+            x = layer(x)
+            if i in self.block_ends:
+                maps.append(x)
+        return maps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+class SmallCNN(Net):
     """Two 3x3 conv blocks and two dense layers; fast on a CPU for 28x28 and 32x32 inputs.
 
     ``dropout`` > 0 adds Dropout2d after the conv blocks, as the SSFL benchmark's EMNIST
-    CNN (p = 0.25); at 0 there is no dropout layer at all.
+    CNN (p = 0.25); at 0 there is no dropout layer at all. Blocks: conv32+pool and
+    conv64+pool (with the dropout); the embedding is the 128-unit hidden layer, the head
+    the last dense layer (``num_classes`` outputs).
     """
 
     def __init__(
@@ -61,6 +109,7 @@ class SmallCNN(nn.Module):
             nn.MaxPool2d(2),
             *([nn.Dropout2d(dropout)] if dropout > 0 else []),
         )
+        self.block_ends = (4, len(self.features))
         side = image_size // 4
         self.classifier = nn.Sequential(
             nn.Flatten(),
@@ -69,8 +118,12 @@ class SmallCNN(nn.Module):
             nn.Linear(128, num_classes),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+    @property
+    def head(self) -> nn.Module:
+        return self.classifier[-1]
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier[:-1](self.features(x))
 
 
 def _conv_block(cin: int, cout: int, norm: str, pool: int = 1) -> nn.Sequential:
@@ -95,11 +148,12 @@ class Residual(nn.Module):
         return x + self.body(x)
 
 
-class ResNet9(nn.Module):
+class ResNet9(Net):
     """ResNet-9 as FedMatch's code defines it (no normalisation by default, no bias).
 
     conv64 -> conv128+pool -> res[128,128] -> conv256+pool -> conv512+pool ->
-    res[512,512] -> global max pool -> dense (no bias).
+    res[512,512] -> global max pool -> dense (no bias). Blocks, the four stages of
+    ResNet-9: conv64 | conv128+pool, res128 | conv256+pool | conv512+pool, res512.
     """
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int, norm: str = "none"):
@@ -114,13 +168,18 @@ class ResNet9(nn.Module):
             nn.AdaptiveMaxPool2d(1),
             nn.Flatten(),
         )
+        self.block_ends = (1, 3, 4, 6)
         self.classifier = nn.Linear(512, num_classes, bias=False)
         for module in self.modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
                 nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+    @property
+    def head(self) -> nn.Module:
+        return self.classifier
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
 
 
 class BasicBlock(nn.Module):
@@ -145,8 +204,11 @@ class BasicBlock(nn.Module):
         return torch.relu(self.body(x) + self.shortcut(x))
 
 
-class ResNet18(nn.Module):
-    """CIFAR ResNet-18 ([2, 2, 2, 2] basic blocks, 3x3 stride-1 stem), BN or GroupNorm(32)."""
+class ResNet18(Net):
+    """CIFAR ResNet-18 ([2, 2, 2, 2] basic blocks, 3x3 stride-1 stem), BN or GroupNorm(32).
+
+    Blocks: the stem and the four stages of two basic blocks each.
+    """
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int, norm: str = "bn"):
         super().__init__()
@@ -161,13 +223,18 @@ class ResNet18(nn.Module):
             cin = cout
         layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.features = nn.Sequential(*layers)
+        self.block_ends = (3, 5, 7, 9, 11)
         self.classifier = nn.Linear(512, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+    @property
+    def head(self) -> nn.Module:
+        return self.classifier
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {
+MODELS: dict[str, Callable[..., Net]] = {
     "small_cnn": SmallCNN,
     "resnet9": ResNet9,
     "resnet18": ResNet18,
@@ -183,24 +250,73 @@ def build_model(
     mean: Sequence[float],
     std: Sequence[float],
     dropout: float = 0.0,
+    head_size: int | None = None,
 ) -> nn.Sequential:
-    """A registered model behind a Normalize layer: model[0] normalises, model[1] is the net."""
+    """A registered model behind a Normalize layer: model[0] normalises, model[1] is the net.
+
+    ``head_size`` is the number of head outputs (None: ``num_classes``).
+    """
+    if head_size is not None and head_size < 1:
+        raise ValueError(f"head_size must be positive, got {head_size}")
     options = {"dropout": dropout} if dropout else {}
-    net = MODELS[name](in_channels, num_classes, image_size, norm=norm, **options)
+    outputs = num_classes if head_size is None else head_size
+    net = MODELS[name](in_channels, outputs, image_size, norm=norm, **options)
     return nn.Sequential(Normalize(mean, std), net)
 
 
+def _parts(model: nn.Module) -> tuple[nn.Module, Net]:
+    """The Normalize layer and the net of a model from :func:`build_model`."""
+    if not (
+        isinstance(model, nn.Sequential)
+        and len(model) == 2
+        and isinstance(model[0], Normalize)
+        and isinstance(model[1], Net)
+    ):
+        raise TypeError(f"not a model from build_model: {type(model).__name__}")
+    return model[0], model[1]
+
+
+def feature_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """The output of each conv block of a built model for images ``x`` in [0, 1]."""
+    normalize, net = _parts(model)
+    return net.feature_maps(normalize(x))
+
+
+def embedding(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The (N, D) representation a built model's head takes, for images ``x`` in [0, 1]."""
+    normalize, net = _parts(model)
+    return net.embed(normalize(x))
+
+
+def head_of(model: nn.Module) -> nn.Module:
+    """The head (classifier) of a built model: model(x) == head_of(model)(embedding(model, x))."""
+    return _parts(model)[1].head
+
+
+def num_blocks(model: nn.Module) -> int:
+    """Number of conv blocks of a built model (the length of ``feature_maps``)."""
+    return _parts(model)[1].num_blocks
+
+
 def classifier_keys(model: nn.Module) -> list[str]:
-    """State-dict keys of the model's last linear layer (the classifier of SSFL eq. 8)."""
-    name = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
-    return [f"{name}.{p}" for p, _ in model.get_submodule(name).named_parameters()]
+    """State-dict keys of a built model's head (the classifier of SSFL eq. 8)."""
+    head = head_of(model)
+    name = next(n for n, m in model.named_modules() if m is head)
+    return [f"{name}.{p}" for p, _ in head.named_parameters()]
 
 
 def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
     """The experiment's model (``model`` config section) for a dataset-like object.
 
-    ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData).
+    ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData);
+    ``model.head_size`` (0 or absent: the class count) sets the head's width.
     """
+    head_size = int(mcfg.get("head_size", 0))
+    if 0 < head_size < data.num_classes:
+        raise ConfigError(
+            f"config key 'model.head_size': {head_size} outputs cannot hold the "
+            f"{data.num_classes} classes (0 means one output per class)"
+        )
     return build_model(
         mcfg["name"],
         data.channels,
@@ -210,4 +326,5 @@ def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
         data.mean,
         data.std,
         float(mcfg["dropout"]),
+        head_size or None,
     )

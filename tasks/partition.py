@@ -85,6 +85,22 @@ class ClassPool:
         return np.concatenate([ix[u:] for ix, u in zip(self.by_class, self.used)])
 
 
+def fedmatch_ratios(num_classes: int) -> np.ndarray:
+    """FedMatch's class-imbalanced type 0: the reference table for 10 classes; for another
+    count (ours) the same shape, 50% on the main class, 15% on each neighbour and the
+    other 20% spread evenly over the remaining classes."""
+    if num_classes == len(FEDMATCH_BASE_RATIOS):
+        return np.asarray(FEDMATCH_BASE_RATIOS)
+    if num_classes < 4:
+        raise ConfigError(
+            f"config key 'split.partitioner': fedmatch_imbalanced needs at least 4 classes, "
+            f"the dataset has {num_classes}"
+        )
+    ratios = np.full(num_classes, 0.20 / (num_classes - 3))
+    ratios[0], ratios[1], ratios[-1] = 0.50, 0.15, 0.15
+    return ratios
+
+
 def _balanced(total: int, num_classes: int) -> np.ndarray:
     return round_counts(np.ones(num_classes), total)
 
@@ -102,8 +118,7 @@ def partition_class_counts(
             # we draw it uniformly from the simplex, i.e. Dirichlet(1, ..., 1).
             weights = rng.dirichlet(np.ones(num_classes))
         elif partitioner == "fedmatch_imbalanced":
-            base = np.asarray(FEDMATCH_BASE_RATIOS[:num_classes])
-            weights = np.roll(base, k % 10)
+            weights = np.roll(fedmatch_ratios(num_classes), k % num_classes)
         elif partitioner == "noniid_r":
             # SSFL benchmark, App. A.2: R of the client from its main class, 1 - R spread by Q.
             target = scfg["target_r"]

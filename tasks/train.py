@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,10 +32,14 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
 
 
-def seed_torch(seed: int) -> torch.Generator:
-    """Seed torch's global RNG (augmentation) and return a CPU generator for batch order."""
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[torch.Generator]:
+    """A seeded stretch of work: torch's global RNG (weight init, augmentation) is seeded
+    with ``seed`` inside and restored to the caller's state on exit; yields a CPU
+    generator with the same seed for batch order."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        yield torch.Generator().manual_seed(seed)
 
 
 def to_float(images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -43,14 +48,17 @@ def to_float(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def make_sgd(
-    model: nn.Module, lr: float, momentum: float, weight_decay: float, nesterov: bool = False
+    params: Iterable[nn.Parameter],
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    nesterov: bool = False,
 ) -> torch.optim.SGD:
+    """SGD; Nesterov needs momentum > 0 (the config refuses the pair before any run)."""
+    if nesterov and momentum <= 0:
+        raise ValueError("Nesterov momentum needs momentum > 0")
     return torch.optim.SGD(
-        model.parameters(),
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        nesterov=nesterov and momentum > 0,
+        params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov
     )
 
 
@@ -115,6 +123,13 @@ def minibatches(
     stop = n - n % batch_size if drop_last and n >= batch_size else n
     for start in range(0, stop, batch_size):
         yield order[start : start + batch_size]
+
+
+def cycled_batch(step: int, batch_size: int, n: int, device: torch.device) -> torch.Tensor:
+    """Indices of labeled batch ``step`` of min(batch_size, n) samples, cycling through 0..n-1
+    in order (the labeled set is small next to the unlabeled one)."""
+    bs = min(batch_size, n)
+    return torch.arange(step * bs, step * bs + bs, device=device) % n
 
 
 def step_batches(

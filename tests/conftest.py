@@ -11,15 +11,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def real_data_dir() -> Path | None:
-    """The real Fashion-MNIST/MNIST files: $SSFL_DATA_DIR, else ../shared/data beside the repo."""
-    for candidate in (os.environ.get("SSFL_DATA_DIR", ""), str(ROOT.parent / "shared" / "data")):
-        if candidate and (Path(candidate) / "fashion-mnist").is_dir():
-            return Path(candidate).resolve()
-    return None
+    """The real Fashion-MNIST/MNIST files: $SSFL_DATA_DIR when set (only there, so that
+    e.g. SSFL_DATA_DIR=/nonexistent runs the suite as a clone without data would), else
+    ../shared/data beside the repo."""
+    candidate = Path(os.environ.get("SSFL_DATA_DIR") or ROOT.parent / "shared" / "data")
+    return candidate.resolve() if (candidate / "fashion-mnist").is_dir() else None
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
+    """The real data folder; tests that use it check the real files and skip without them."""
     found = real_data_dir()
     if found is None:
         pytest.skip("real Fashion-MNIST files not found (set SSFL_DATA_DIR)")

@@ -5,26 +5,27 @@ import sys
 
 import pytest
 
-from tasks.config import ConfigError, flatten, load_experiment, parse_overrides, resolve
+from ssfl.experiment import resolve_config, resolve_experiment
+from tasks.config import ConfigError, flatten, parse_overrides
 from tests.conftest import ROOT
 
 
 def test_defaults_fill_every_key_and_method_defaults_apply():
-    cfg = resolve({"method": "fedavg_fixmatch"})
+    cfg = resolve_config({"method": "fedavg_fixmatch"})
     assert cfg["algo"]["threshold"] == 0.9
     assert cfg["server"]["bootstrap_epochs"] == 20
     assert cfg["split"]["labeled_per_class"] == 50
-    assert resolve({"method": "fedprox_sl"})["client"]["proximal_mu"] == 0.01
+    assert resolve_config({"method": "fedprox_sl"})["client"]["proximal_mu"] == 0.01
 
 
 def test_unknown_key_names_key_and_allowed():
     with pytest.raises(ConfigError, match=r"unknown config key 'client.lrr'.*\blr\b"):
-        resolve({"method": "server_sl", "client": {"lrr": 0.1}})
+        resolve_config({"method": "server_sl", "client": {"lrr": 0.1}})
 
 
 def test_algo_keys_are_per_method():
     with pytest.raises(ConfigError, match=r"unknown config key 'algo\.threshold'"):
-        resolve({"method": "fedavg_sl", "algo": {"threshold": 0.5}})
+        resolve_config({"method": "fedavg_sl", "algo": {"threshold": 0.5}})
 
 
 @pytest.mark.parametrize(
@@ -47,12 +48,12 @@ def test_algo_keys_are_per_method():
 )
 def test_bad_values_are_one_line_errors(raw, pattern):
     with pytest.raises(ConfigError, match=pattern) as err:
-        resolve({"method": "server_sl", **raw})
+        resolve_config({"method": "server_sl", **raw})
     assert "\n" not in str(err.value)
 
 
 def test_int_is_accepted_for_float_and_coerced():
-    assert resolve({"client": {"lr": 1}})["client"]["lr"] == 1.0
+    assert resolve_config({"client": {"lr": 1}})["client"]["lr"] == 1.0
 
 
 def test_overrides_parse_like_yaml():
@@ -69,7 +70,7 @@ def test_overrides_parse_like_yaml():
 def test_exponents_without_a_dot_are_floats_in_files_and_overrides(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("method: fedmatch\nalgo: {l1_threshold: 4e-5, delta: 1.0e-5}\n")
-    cfg = load_experiment(path, ["client.lr=2E-3", "name=1e3x"])
+    cfg = resolve_experiment(path, sets=["client.lr=2E-3", "name=1e3x"])
     assert cfg["algo"]["l1_threshold"] == 4e-5 and cfg["algo"]["delta"] == 1e-5
     assert cfg["client"]["lr"] == 2e-3 and cfg["name"] == "1e3x"
 
@@ -77,9 +78,9 @@ def test_exponents_without_a_dot_are_floats_in_files_and_overrides(tmp_path):
 def test_every_shipped_experiment_resolves():
     files = sorted((ROOT / "experiments").rglob("*.yaml"))
     assert len(files) >= 5
-    for path in files:
-        cfg = load_experiment(path)
-        assert cfg["method"] in path.stem or cfg["name"]
+    names = [resolve_experiment(path)["name"] for path in files]
+    # Each names itself (the default output folder runs/<name>-<time>), and no two alike.
+    assert all(names) and len(set(names)) == len(names)
 
 
 def test_flatten():

@@ -8,12 +8,9 @@ import numpy as np
 import torch
 from flwr.app import Message
 
-from strategies import METHODS
-from strategies.base import ServerSide
-from tasks.config import resolve
+from strategies.parts import Update
 from tasks.decompose import BUFFER
-from tasks.partition import get_split
-from tests.harness import InProcessGrid
+from tests.harness import InProcessGrid, build_strategy, run_method
 
 
 def fedmatch_raw(synthetic_raw: dict, rounds: int = 2, **algo) -> dict:
@@ -30,12 +27,7 @@ def fedmatch_raw(synthetic_raw: dict, rounds: int = 2, **algo) -> dict:
 
 
 def run(raw: dict, grid: InProcessGrid):
-    cfg = resolve(raw)
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    rows: list[dict] = []
-    strategy = METHODS["fedmatch"].strategy(server, rows.append)
-    strategy.start(grid, num_rounds=cfg["rounds"])
+    rows, strategy = run_method(raw, grid)
     return strategy, rows
 
 
@@ -72,10 +64,10 @@ def test_two_rounds_labels_at_server_helpers_sync_and_bytes(synthetic_raw):
         assert int(record["round"].numpy()) == 2
         for part in ("sigma", "psi"):
             held = torch.from_numpy(record[part].numpy())
-            assert torch.equal(held, strategy.public[part].value)
+            assert torch.equal(held, strategy.parts.codec.public[part].value)
     for row in rows:
         assert row["bytes_c2s"] <= row["bytes_c2s_dense"] + 3 * 2000  # npy headers
-        assert row["bytes_s2c_dense"] == 3 * strategy.dense_bytes
+        assert row["bytes_s2c_dense"] == 3 * strategy.parts.codec.dense_model_bytes
         assert 0.0 <= row["mask_rate"] <= 1.0 and 0.0 <= row["psi_nonzero"] <= 1.0
     assert rows[1]["s2c_ratio"] < rows[0]["s2c_ratio"]  # sparse after the first contact
     assert rows[0]["helper_round"] == 0.0 and rows[1]["helper_round"] == 1.0
@@ -83,15 +75,12 @@ def test_two_rounds_labels_at_server_helpers_sync_and_bytes(synthetic_raw):
 
 
 def test_server_trains_sigma_only(synthetic_raw):
-    cfg = resolve(fedmatch_raw(synthetic_raw))
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    strategy = METHODS["fedmatch"].strategy(server, lambda row: None)
-    before = {part: strategy.model.flat(part) for part in ("sigma", "psi")}
-    out = strategy.server_train(1, 1)
+    strategy = build_strategy(fedmatch_raw(synthetic_raw))
+    before = {part: strategy.server.model.flat(part) for part in ("sigma", "psi")}
+    out = strategy.parts.trainer.fit(1, 1)
     assert out["server_loss"] > 0
-    assert torch.equal(strategy.model.flat("psi"), before["psi"])
-    assert not torch.equal(strategy.model.flat("sigma"), before["sigma"])
+    assert torch.equal(strategy.server.model.flat("psi"), before["psi"])
+    assert not torch.equal(strategy.server.model.flat("sigma"), before["sigma"])
 
 
 def test_labels_at_client_uploads_both_parts(synthetic_raw):
@@ -106,7 +95,7 @@ def test_labels_at_client_uploads_both_parts(synthetic_raw):
     for reply in replies:
         keys = set(reply.content["arrays"].keys())
         assert any(k.startswith("sigma.") for k in keys) and any(k.startswith("psi.") for k in keys)
-    assert strategy.uploaded == ("sigma", "psi")
+    assert strategy.parts.codec.uploaded == ("sigma", "psi")
 
 
 def test_ablations_no_helpers_and_no_decomposition(synthetic_raw):
@@ -117,7 +106,7 @@ def test_ablations_no_helpers_and_no_decomposition(synthetic_raw):
 
     grid = InProcessGrid(3)
     strategy, rows = run(fedmatch_raw(synthetic_raw, decomposition=False), grid)
-    assert strategy.model.parts() == ("sigma",) and "psi_nonzero" not in rows[-1]
+    assert strategy.server.model.parts() == ("sigma",) and "psi_nonzero" not in rows[-1]
     for msg in train_messages(grid):
         assert not any(k.startswith("psi.") for k in msg.content["arrays"])
     assert all(len(m.content["config"]["helpers"]) == 2 for m in train_messages(grid)[3:])
@@ -125,9 +114,6 @@ def test_ablations_no_helpers_and_no_decomposition(synthetic_raw):
 
 
 def test_a_client_out_of_sync_fails_and_gets_the_dense_model_next(synthetic_raw):
-    cfg = resolve(fedmatch_raw(synthetic_raw, rounds=3))
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
     grid = InProcessGrid(3)
     lost = next(iter(grid.contexts))
     rows: list[dict] = []
@@ -137,7 +123,7 @@ def test_a_client_out_of_sync_fails_and_gets_the_dense_model_next(synthetic_raw)
         if row["round"] == 1:
             del grid.contexts[lost].state["fedmatch"]  # the node loses its copy
 
-    METHODS["fedmatch"].strategy(server, on_round).start(grid, num_rounds=3)
+    build_strategy(fedmatch_raw(synthetic_raw, rounds=3), on_round).start(grid, num_rounds=3)
     assert [r["failures"] for r in rows] == [0, 1, 0]
     assert rows[1]["failed_partitions"] == [grid.partition[lost]]
     last = {m.metadata.dst_node_id: m for m in train_messages(grid)[-3:]}
@@ -152,14 +138,14 @@ def test_load_local_rebuilds_the_client_model_from_its_reply(synthetic_raw):
     grid = InProcessGrid(1)
     strategy, rows = run(raw, grid)
     reply = [r for r in grid.replies if r.metadata.message_type == "train"][-1]
-    local = copy.deepcopy(strategy.model)
-    strategy.load_local(local, reply)
+    local = copy.deepcopy(strategy.server.model)
+    strategy.parts.codec.load_local(local, Update.of(reply))
     # psi: the client's upload (the lone client's psi is the average; the server keeps
     # psi); sigma: the public copy the client received, not the one the server retrained.
-    assert torch.equal(local.flat("psi"), strategy.model.flat("psi"))
-    assert not torch.equal(local.flat("psi"), strategy.public["psi"].value)
-    assert torch.equal(local.flat("sigma"), strategy.public["sigma"].value)
-    assert not torch.equal(local.flat("sigma"), strategy.model.flat("sigma"))
+    assert torch.equal(local.flat("psi"), strategy.server.model.flat("psi"))
+    assert not torch.equal(local.flat("psi"), strategy.parts.codec.public["psi"].value)
+    assert torch.equal(local.flat("sigma"), strategy.parts.codec.public["sigma"].value)
+    assert not torch.equal(local.flat("sigma"), strategy.server.model.flat("sigma"))
     buffers = {
         k[len(BUFFER) :]: v.numpy()
         for k, v in reply.content["arrays"].items()

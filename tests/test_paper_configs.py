@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from strategies import METHODS
-from strategies.base import ServerSide
-from tasks.config import load_experiment
+from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.registry import method
+from strategies.parts import ServerSide
+from tasks.config import flatten, read_yaml
 from tasks.partition import get_split
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid
+
+EXPERIMENTS = sorted((ROOT / "experiments").rglob("*.yaml"))
 
 # The config's structure is kept (100 clients, 5 a round, ResNet-9, 32x32x3); only the
 # sizes shrink so that one round takes seconds on a CPU.
@@ -28,25 +33,38 @@ SHRINK = [
 ]
 
 
-def test_cifar10_table2_config_on_synthetic_32x32():
-    cfg = load_experiment(ROOT / "experiments/cifar10-las/fedseal.yaml", SHRINK)
-    assert cfg["split"]["num_clients"] == 100 and cfg["federation"]["clients_per_round"] == 5
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_unset_keys_take_the_methods_defaults_and_set_ones_are_kept(path):
+    """Resolving merges the YAML over the method's defaults, neither side lost."""
+    raw = flatten(read_yaml(path))
+    cfg = flatten(resolve_experiment(path))
+    defaults = flatten(resolve_config({"method": raw["method"]}))
+    assert set(cfg) == set(defaults)
+    for key, value in cfg.items():
+        if key in raw:
+            assert value == raw[key], key
+        elif key != "dataset.root":  # made absolute ($SSFL_DATA_DIR or ./data)
+            assert value == defaults[key], key
+
+
+def sampled_round(cfg: dict) -> tuple[list[dict], int, ServerSide]:
+    """One round of a 100-client config on the in-process grid: rows, trained clients, server."""
     ds, split = get_split(cfg)
     assert ds.train_x.shape[1:] == (3, 32, 32) and len(split.clients) == 100
     server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
     rows: list[dict] = []
     grid = InProcessGrid(100)
-    METHODS["fedseal"].strategy(server, rows.append).start(grid, num_rounds=1)
+    method(cfg["method"]).server_half().strategy(server, rows.append).start(grid, num_rounds=1)
     trained = [m for m in grid.sent if m.metadata.message_type == "train"]
-    assert len(trained) == 5 and rows[0]["clients"] == 5
+    return rows, len(trained), server
+
+
+def test_cifar10_table2_config_on_synthetic_32x32():
+    cfg = resolve_experiment(ROOT / "experiments/cifar10-las/fedseal.yaml", sets=SHRINK)
+    rows, trained, _ = sampled_round(cfg)
+    per_round = cfg["federation"]["clients_per_round"]  # sampled of the 100
+    assert trained == per_round and rows[0]["clients"] == per_round
     assert 0.0 <= rows[0]["test_accuracy"] <= 1.0
-
-
-def test_resnet18_fmnist_config_resolves_with_paper_values():
-    cfg = load_experiment(ROOT / "experiments/fmnist-las/fedseal_resnet18.yaml")
-    assert cfg["model"]["name"] == "resnet18"
-    assert cfg["server"]["lr"] == cfg["client"]["lr"] == 0.001
-    assert cfg["algo"]["theta"] == 0.05
 
 
 # The SSFL benchmark's CIFAR-10 / SVHN settings (ResNet-18 GN, T = 16, K = 10 or 20) on
@@ -71,65 +89,23 @@ def run_one_round(cfg: dict) -> list[dict]:
     server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
     rows: list[dict] = []
     grid = InProcessGrid(cfg["split"]["num_clients"])
-    METHODS[cfg["method"]].strategy(server, rows.append).start(grid, num_rounds=1)
+    method(cfg["method"]).server_half().strategy(server, rows.append).start(grid, num_rounds=1)
     return rows
 
 
-@pytest.mark.parametrize(
-    "experiment, method, clients",
-    [("ssfl-cifar10/grouping_gn.yaml", "fedrgd", 10), ("ssfl-svhn/crl_gn.yaml", "ssfl_fedavg", 10)],
-)
-def test_ssfl_paper_configs_on_synthetic_32x32(experiment, method, clients):
-    cfg = load_experiment(ROOT / "experiments" / experiment, SSFL_SHRINK)
-    assert cfg["method"] == method and cfg["model"] == {
-        "name": "resnet18",
-        "norm": "gn",
-        "dropout": 0.0,
-    }
+@pytest.mark.parametrize("experiment", ["ssfl-cifar10/grouping_gn.yaml", "ssfl-svhn/crl_gn.yaml"])
+def test_ssfl_paper_configs_on_synthetic_32x32(experiment):
+    cfg = resolve_experiment(ROOT / "experiments" / experiment, sets=SSFL_SHRINK)
+    clients = cfg["split"]["num_clients"]  # clients_per_round 0: every client, every round
     rows = run_one_round(cfg)
     assert rows[0]["clients"] == clients and rows[0]["local_steps"] == 1.0
     assert rows[0]["server_steps"] == 1.0 and 0.0 <= rows[0]["test_accuracy"] <= 1.0
     assert rows[0]["weight_diversity"] >= 0.0  # eq. 8 recorded (0 when warm-up steps are tiny)
-    if method == "fedrgd":
+    if cfg["method"] == "fedrgd":
         assert sorted(k for g in rows[0]["groups"] for k in g) == list(range(clients))
 
 
-@pytest.mark.parametrize(
-    "experiment, k, rounds",
-    [
-        ("ssfl-cifar10/crl_gn.yaml", 10, 19200),
-        ("ssfl-cifar10/grouping_gn.yaml", 10, 19200),
-        ("ssfl-svhn/crl_gn.yaml", 10, 2560),
-        ("ssfl-svhn/grouping_gn.yaml", 20, 2560),
-    ],
-)
-def test_ssfl_paper_configs_carry_the_paper_values(experiment, k, rounds):
-    cfg = load_experiment(ROOT / "experiments" / experiment)
-    assert cfg["split"]["num_clients"] == k and cfg["rounds"] == rounds
-    assert cfg["split"]["labeled_per_class"] * 10 == 1000 and cfg["split"]["target_r"] == 0.4
-    for half in ("server", "client"):  # Table A.1 and T = 16
-        assert cfg[half]["local_steps"] == 16 and cfg[half]["batch_size"] == 64
-        assert cfg[half]["lr"] == 0.146 and cfg[half]["weight_decay"] == 0.0001
-    assert cfg["lr_schedule"]["warmup_epochs"] == 5.0 and cfg["algo"]["threshold"] == 0.95
-
-
 CIFAR_BATCH = ROOT / "experiments/cifar10-batch"
-
-
-@pytest.mark.parametrize(
-    "name", ["fedmatch_iid_las", "fedmatch_noniid_las", "fedmatch_iid_lac", "fedmatch_noniid_lac"]
-)
-def test_fedmatch_table1_configs_resolve_with_official_values(name):
-    cfg = load_experiment(CIFAR_BATCH / f"{name}.yaml")
-    assert cfg["split"]["num_clients"] == 100 and cfg["federation"]["clients_per_round"] == 5
-    assert (
-        cfg["model"] == {"name": "resnet9", "norm": "none", "dropout": 0.0} and cfg["rounds"] == 200
-    )
-    assert cfg["algo"]["num_helpers"] == 2 and cfg["algo"]["helper_interval"] == 10
-    assert cfg["client"]["lr"] == 1e-3 and cfg["algo"]["confidence"] == 0.75
-    at_client = name.endswith("lac")
-    assert cfg["split"]["client_labeled_per_class"] == (5 if at_client else 0)
-    assert cfg["algo"]["delta"] == (5e-5 if at_client else 1e-5)
 
 
 @pytest.mark.parametrize(
@@ -137,14 +113,54 @@ def test_fedmatch_table1_configs_resolve_with_official_values(name):
     [("fedmatch_iid_las", []), ("fedmatch_noniid_lac", ["split.client_labeled_per_class=1"])],
 )
 def test_fedmatch_table1_config_on_synthetic_32x32(name, extra):
-    cfg = load_experiment(CIFAR_BATCH / f"{name}.yaml", [*SHRINK, *extra])
-    ds, split = get_split(cfg)
-    assert ds.train_x.shape[1:] == (3, 32, 32) and len(split.clients) == 100
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    rows: list[dict] = []
-    grid = InProcessGrid(100)
-    METHODS["fedmatch"].strategy(server, rows.append).start(grid, num_rounds=1)
-    trained = [m for m in grid.sent if m.metadata.message_type == "train"]
-    assert len(trained) == 5 and rows[0]["clients"] == 5 and rows[0]["failures"] == 0
-    assert rows[0]["bytes_s2c_dense"] == 5 * 4 * sum(p.numel() for p in server.model.sigma.values())
+    cfg = resolve_experiment(CIFAR_BATCH / f"{name}.yaml", sets=[*SHRINK, *extra])
+    rows, trained, server = sampled_round(cfg)
+    per_round = cfg["federation"]["clients_per_round"]
+    assert trained == per_round and rows[0]["clients"] == per_round and rows[0]["failures"] == 0
+    sigma_bytes = 4 * sum(p.numel() for p in server.model.sigma.values())
+    assert rows[0]["bytes_s2c_dense"] == per_round * sigma_bytes
     assert 0.0 <= rows[0]["test_accuracy"] <= 1.0
+
+
+# What every cell of one paper table must share, so that its cells compare like with like
+# (keys starting with these): the data, the seed, the evaluation sets, the length of the
+# run and its rate schedule; cells of one scenario also their labels, and cells of one
+# scenario and partitioner also how the clients' data is cut.
+SHARED = (
+    "seed",
+    "rounds",
+    "dataset.",
+    "split.val_size",
+    "split.test_size",
+    "federation.clients_per_round",
+    "lr_schedule.",
+)
+BY_SCENARIO = ("split.labeled_per_class", "split.client_labeled_per_class")
+BY_PARTITIONER = ("split.client_size", "split.target_r", "split.dirichlet_alpha", "split.stream_")
+
+
+def assert_shared(cfgs: list[dict], prefixes: tuple[str, ...], where: object) -> None:
+    """Every flat key that starts with one of ``prefixes`` has one value in all ``cfgs``."""
+    for key in cfgs[0]:
+        if key.startswith(prefixes):
+            assert len({json.dumps(c[key]) for c in cfgs}) == 1, (where, key)
+
+
+@pytest.mark.parametrize(
+    "table", sorted(p.name for p in (ROOT / "experiments").iterdir() if p.is_dir())
+)
+def test_the_cells_of_a_table_share_seed_data_and_split(table):
+    cfgs = [
+        flatten(resolve_experiment(p))
+        for p in sorted((ROOT / "experiments" / table).glob("*.yaml"))
+    ]
+    assert_shared(cfgs, SHARED, table)
+    for group_by, prefixes in (
+        (("split.scenario",), BY_SCENARIO),
+        (("split.scenario", "split.partitioner"), BY_PARTITIONER),
+    ):
+        groups: dict[tuple, list[dict]] = {}
+        for c in cfgs:
+            groups.setdefault(tuple(c[k] for k in group_by), []).append(c)
+        for cell, group in groups.items():
+            assert_shared(group, prefixes, (table, cell))

@@ -3,17 +3,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, resolve
+from ssfl.experiment import resolve_config, resolve_experiment
+from tasks.config import ConfigError
 from tasks.data import make_synthetic
 from tasks.partition import get_split, make_split, noniid_r, round_counts
+from tests.conftest import ROOT
+
+# Fashion-MNIST's shape and class balance at half its size: no data files needed.
+SYNTHETIC = {"name": "synthetic28", "synthetic_train_size": 30000, "synthetic_test_size": 3000}
 
 
-def fmnist_cfg(data_dir, **split):
-    return resolve({"dataset": {"name": "fashion_mnist", "root": str(data_dir)}, "split": split})
+def split_cfg(**split):
+    return resolve_config({"dataset": SYNTHETIC, "split": split})
 
 
-def test_fmnist_las_sizes_and_disjointness(data_dir):
-    ds, split = get_split(fmnist_cfg(data_dir))
+def test_fmnist_las_sizes_and_disjointness():
+    ds, split = get_split(split_cfg())
     labels = ds.train_y.numpy()
     assert len(split.server_labeled) == 500 and len(split.val) == 200 and len(split.test) == 3000
     assert np.bincount(labels[split.server_labeled]).tolist() == [50] * 10
@@ -25,10 +30,10 @@ def test_fmnist_las_sizes_and_disjointness(data_dir):
     assert split.summary["noniid_r"] == 0.0
 
 
-def test_split_is_deterministic_in_the_seed(data_dir):
-    ds, a = get_split(fmnist_cfg(data_dir))
-    b = make_split(ds, fmnist_cfg(data_dir)["split"], 0)
-    c = make_split(ds, fmnist_cfg(data_dir)["split"], 1)
+def test_split_is_deterministic_in_the_seed():
+    ds, a = get_split(split_cfg())
+    b = make_split(ds, split_cfg()["split"], 0)
+    c = make_split(ds, split_cfg()["split"], 1)
     assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients))
     assert np.array_equal(a.server_labeled, b.server_labeled)
     assert not np.array_equal(a.server_labeled, c.server_labeled)
@@ -43,33 +48,78 @@ def test_noniid_r_metric_on_hand_made_histograms():
 
 
 @pytest.mark.parametrize("target", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
-def test_ssfl_partitioner_hits_target_r(data_dir, target):
-    cfg = fmnist_cfg(data_dir, partitioner="noniid_r", target_r=target, labeled_per_class=100)
+def test_ssfl_partitioner_hits_target_r(target):
+    cfg = split_cfg(partitioner="noniid_r", target_r=target, labeled_per_class=100)
     _, split = get_split(cfg)
     assert abs(split.summary["noniid_r"] - target) <= 0.02
 
 
-def test_random_classes_and_fedmatch_imbalanced(data_dir):
-    ds, split = get_split(fmnist_cfg(data_dir, partitioner="random_classes"))
+def test_random_classes_and_fedmatch_imbalanced():
+    ds, split = get_split(split_cfg(partitioner="random_classes"))
     labels = ds.train_y.numpy()
     hists = np.array([np.bincount(labels[c], minlength=10) for c in split.clients])
     assert (hists.sum(axis=1) == 1200).all() and split.summary["noniid_r"] > 0.2
-    _, fm = get_split(fmnist_cfg(data_dir, partitioner="fedmatch_imbalanced", num_clients=12))
+    _, fm = get_split(split_cfg(partitioner="fedmatch_imbalanced", num_clients=12))
     h = np.array(fm.summary["client_histograms"])
     assert h[3].argmax() == 3 and h[3, 3] == 600 and h[3, 4] == 180 and h[3, 2] == 180
     assert np.array_equal(h[0], h[10])  # client k takes type k mod 10
 
 
-def test_dirichlet_uses_every_pool_sample_once(data_dir):
-    _, split = get_split(fmnist_cfg(data_dir, partitioner="dirichlet", dirichlet_alpha=0.3))
+def test_dirichlet_uses_every_pool_sample_once():
+    _, split = get_split(split_cfg(partitioner="dirichlet", dirichlet_alpha=0.3))
     sizes = [len(c) for c in split.clients]
     assert sum(sizes) == 12000 and len(set(sizes)) > 1
     assert len(np.unique(np.concatenate(split.clients))) == 12000
 
 
+def small_split(num_clients: int, client_size: int) -> dict:
+    """A fedmatch_imbalanced split config with 5 server labels a class, no val/test subset."""
+    return split_cfg(
+        partitioner="fedmatch_imbalanced",
+        num_clients=num_clients,
+        client_size=client_size,
+        labeled_per_class=5,
+        val_size=0,
+        test_size=0,
+    )["split"]
+
+
+@pytest.mark.parametrize("num_classes", [5, 12])
+def test_fedmatch_imbalanced_split_of_another_class_count(num_classes):
+    """Client k: 50% of class k mod C, 15% of each neighbour, the other 20% spread evenly."""
+    ds = make_synthetic(28, 400 * num_classes, 10 * num_classes, num_classes=num_classes)
+    scfg = small_split(num_classes + 1, 200)
+    hists = np.array(make_split(ds, scfg, 0).summary["client_histograms"])
+    assert hists.shape == (num_classes + 1, num_classes)
+    for k, hist in enumerate(hists):
+        main, after, before = k % num_classes, (k + 1) % num_classes, (k - 1) % num_classes
+        assert hist.sum() == 200 and hist[main] == 100 and hist[after] == hist[before] == 30
+        rest = np.delete(hist, [main, after, before])
+        assert rest.sum() == 40 and rest.max() - rest.min() <= 1
+
+
+def test_fedmatch_imbalanced_needs_four_classes():
+    ds = make_synthetic(28, 900, 30, num_classes=3)
+    with pytest.raises(ConfigError, match="needs at least 4 classes, the dataset has 3"):
+        make_split(ds, small_split(3, 100), 0)
+
+
+@pytest.mark.parametrize("target", [0.0, 0.4, 1.0])
+def test_ssfl_fmnist_split_shares_out_the_rest_at_target_r(target):
+    """The shipped SSFL Fashion-MNIST split (client_size 0: every image left, App. A.2)."""
+    sets = [f"dataset.{k}={v}" for k, v in SYNTHETIC.items()] + [f"split.target_r={target}"]
+    cfg = resolve_experiment(ROOT / "experiments/ssfl-fmnist/crl_gn.yaml", sets=sets)
+    ds, split = get_split(cfg)
+    scfg, k = cfg["split"], cfg["split"]["num_clients"]
+    left = len(ds.train_y) - ds.num_classes * scfg["labeled_per_class"] - scfg["val_size"]
+    assert split.summary["client_sizes"] == [left // k] * k
+    assert split.summary["server_labeled"] == ds.num_classes * scfg["labeled_per_class"]
+    assert abs(split.summary["noniid_r"] - target) <= 0.02
+
+
 def test_labels_at_client_part_is_a_subset_with_per_class_counts():
     ds = make_synthetic(28, 3000, 200)
-    scfg = resolve(
+    scfg = resolve_config(
         {
             "split": {
                 "scenario": "labels_at_client",
@@ -90,7 +140,7 @@ def test_labels_at_client_part_is_a_subset_with_per_class_counts():
 
 def test_too_large_split_is_a_config_error():
     ds = make_synthetic(28, 500, 100)
-    scfg = resolve({"split": {"client_size": 1000, "test_size": 100}})["split"]
+    scfg = resolve_config({"split": {"client_size": 1000, "test_size": 100}})["split"]
     with pytest.raises(ConfigError, match=r"only \d+ left"):
         make_split(ds, scfg, 0)
 

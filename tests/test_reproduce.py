@@ -7,7 +7,7 @@ import json
 import pytest
 
 import ssfl.reproduce
-from ssfl.cli import resolve_experiment
+from ssfl.experiment import resolve_experiment
 from ssfl.reproduce import TABLES, cell_dir, reproduce
 from tests.conftest import ROOT
 

@@ -11,16 +11,15 @@ import pytest
 import torch
 
 from client_app.base import MOMENTUM_KEY
-from strategies import METHODS
-from strategies.base import ServerSide
+from ssfl.experiment import resolve_config, resolve_experiment
 from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
-from tasks.config import ConfigError, load_experiment, resolve
+from tasks.config import ConfigError
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.models import build_model, classifier_keys
 from tasks.partition import get_split, remaining_class_counts
 from tasks.train import cosine_warmup_lr, scheduled_lr, step_batches
 from tests.conftest import ROOT
-from tests.harness import InProcessGrid
+from tests.harness import InProcessGrid, build_strategy, run_method
 
 # Sample 0 is confident (p = e^3 / (e^3 + 2) = 0.909 >= 0.9), sample 1 is not.
 WEAK = torch.tensor([[3.0, 0.0, 0.0], [1.0, 0.5, 0.0]])
@@ -149,49 +148,43 @@ def ssfl_raw(method: str, **algo) -> dict:
 
 
 def run_harness(raw: dict, grid: InProcessGrid):
-    cfg = resolve(raw)
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    rows: list[dict] = []
-    strategy = METHODS[cfg["method"]].strategy(server, rows.append)
-    strategy.start(grid, num_rounds=cfg["rounds"])
-    return rows, strategy, split
+    rows, strategy = run_method(raw, grid)
+    return rows, strategy, strategy.server.split
 
 
 def test_t_is_counted_in_sgd_steps_for_server_and_users():
     grid = InProcessGrid(4)
-    rows, strategy, split = run_harness(ssfl_raw("ssfl_fedavg", loss="selftrain"), grid)
+    rows, strategy, split = run_harness(ssfl_raw("fedavg_with_server", loss="selftrain"), grid)
     assert min(split.summary["client_sizes"]) > 100  # one epoch would be 13+ batches of 8
     for row in rows:
         assert row["local_steps"] == 3.0 and row["server_steps"] == 5.0
         assert row["clients"] == 4 and 0.0 < row["weight_diversity"] < math.inf
     # keep_momentum (official code): the SGD state outlives the round on both sides.
     params = list(strategy.server.model.parameters())
-    assert strategy.server_opt is not None and len(strategy.server_opt.state) == len(params)
+    kept = strategy.parts.trainer.kept_optimizer
+    assert kept is not None and len(kept.state) == len(params)
     for ctx in grid.contexts.values():
         assert len(ctx.state[MOMENTUM_KEY]) == len(params)
 
 
 def test_bootstrap_counts_epochs_while_rounds_count_t_steps():
-    raw = ssfl_raw("ssfl_fedavg")
+    raw = ssfl_raw("fedavg_with_server")
     raw["server"].update(bootstrap_epochs=2, keep_momentum=False)
-    cfg = resolve(raw)
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    strategy = METHODS[cfg["method"]].strategy(server, lambda row: None)
+    trainer = build_strategy(raw).parts.trainer
+    server = trainer.server
     steps: list[int] = []
-    make_optimizer = strategy.server_optimizer
+    make_optimizer = trainer.optimizer
 
     def counted(server_round: int) -> torch.optim.Optimizer:
         opt = make_optimizer(server_round)
         opt.register_step_post_hook(lambda *_: steps.append(server_round))
         return opt
 
-    strategy.server_optimizer = counted
-    strategy.bootstrap()
+    trainer.optimizer = counted
+    trainer.bootstrap()
     assert len(server.labeled_x) == 50  # 2 epochs of ceil(50 / 8) = 7 batches, not T = 5
     assert steps == [0] * 14
-    strategy.server_train(1, 0)
+    trainer.fit(1, 0)
     assert steps[14:] == [1] * 5  # a round: T = server.local_steps
 
 
@@ -213,7 +206,7 @@ def test_fedrgd_sends_each_group_its_average_and_the_server_the_mean():
     assert not np.array_equal(sent[1][groups[0][0]], sent[1][groups[1][0]])
     # After the last round the server holds w_avg = the mean of the group averages (eq. 7).
     last = rows[-1]["groups"]
-    group_bias = [strategy.group_models[g[0]][key].numpy() for g in last]
+    group_bias = [strategy.parts.aggregator.group_models[g[0]][key].numpy() for g in last]
     server_bias = strategy.server.model.state_dict()[key].numpy()
     assert np.allclose(np.mean(group_bias, axis=0), server_bias, atol=1e-6)
 
@@ -221,26 +214,37 @@ def test_fedrgd_sends_each_group_its_average_and_the_server_the_mean():
 @pytest.mark.parametrize(
     "method, overrides, pattern",
     [
-        ("ssfl_fedavg", {"client": {"local_steps": 0}}, r"local_steps.*>= 1"),
-        ("ssfl_fedavg", {"algo": {"loss": "mse"}}, r"'algo.loss'"),
+        ("fedavg_with_server", {"client": {"local_steps": 0}}, r"local_steps.*>= 1"),
+        ("fedavg_with_server", {"algo": {"loss": "mse"}}, r"'algo.loss'"),
         ("fedrgd", {"algo": {"groups": 0}}, r"'algo.groups'"),
-        ("fedseal", {"client": {"local_steps": 4}}, r"trains its clients in epochs"),
-        ("fedseal", {"lr_schedule": {"name": "cosine"}}, r"trains its clients in epochs"),
+        ("fedseal", {"client": {"local_steps": 4, "epochs": 0}}, r"'client.local_steps'.*honour"),
+        ("fedseal", {"client": {"epochs": 1, "local_steps": 4}}, r"counted in one of them"),
+        ("fedseal", {"lr_schedule": {"name": "cosine"}}, r"'server.lr_decay'.*cosine"),
+        (
+            "fedseal",
+            {
+                "lr_schedule": {"name": "cosine"},
+                "server": {"lr_decay": 1.0},
+                "client": {"lr_decay": 1.0},
+            },
+            r"'lr_schedule.name'.*does not honour",
+        ),
         ("server_sl", {"lr_schedule": {"epochs": 2.0, "warmup_epochs": 2.0}}, r"warmup_epochs"),
         ("fedmatch", {"client": {"keep_momentum": True}}, r"'client.keep_momentum'"),
-        ("fedmatch", {"server": {"keep_momentum": True}}, r"'server.keep_momentum'"),
+        ("fedmatch", {"client": {"proximal_mu": 0.01}}, r"'client.proximal_mu'"),
+        ("fedmatch", {"client": {"nesterov": True}}, r"'client.nesterov'.*momentum > 0"),
     ],
 )
 def test_bad_ssfl_values_are_config_errors(method, overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):
-        resolve({"method": method, **overrides})
+        resolve_config({"method": method, **overrides})
 
 
 @pytest.mark.parametrize("target", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
 def test_r_partitioner_on_the_ssfl_fmnist_split(data_dir, target):
-    cfg = load_experiment(
+    cfg = resolve_experiment(
         ROOT / "experiments/ssfl-fmnist/crl_gn.yaml",
-        [f"dataset.root={data_dir}", f"split.target_r={target}"],
+        sets=[f"dataset.root={data_dir}", f"split.target_r={target}"],
     )
     _, split = get_split(cfg)
     assert abs(split.summary["noniid_r"] - target) <= 0.02
@@ -288,12 +292,12 @@ def test_distribution_alignment_feeds_every_users_step(monkeypatch, loss):
         return align(self, logits)
 
     monkeypatch.setattr(DistributionAligner, "__call__", counted)
-    raw = ssfl_raw("ssfl_fedavg", loss=loss, distribution_alignment=True)
+    raw = ssfl_raw("fedavg_with_server", loss=loss, distribution_alignment=True)
     rows, _, _ = run_harness({**raw, "rounds": 1}, InProcessGrid(4))
     assert calls == [8] * (4 * 3)  # every user, each of its T = 3 steps, a batch of 8
     assert rows[0]["local_steps"] == 3.0
     calls.clear()
-    run_harness({**ssfl_raw("ssfl_fedavg", loss=loss), "rounds": 1}, InProcessGrid(4))
+    run_harness({**ssfl_raw("fedavg_with_server", loss=loss), "rounds": 1}, InProcessGrid(4))
     assert calls == []  # off by default (the paper has no alignment)
 
 
@@ -304,18 +308,18 @@ def test_small_cnn_dropout_is_a_model_option():
     assert [m.p for m in dropped.modules() if isinstance(m, torch.nn.Dropout2d)] == [0.25]
     assert plain.state_dict().keys() == dropped.state_dict().keys()
     with pytest.raises(ConfigError, match="only small_cnn"):
-        resolve({"model": {"name": "resnet18", "dropout": 0.25}})
+        resolve_config({"model": {"name": "resnet18", "dropout": 0.25}})
     with pytest.raises(ConfigError, match=r"must be in \[0, 1\)"):
-        resolve({"model": {"dropout": 1.0}})
+        resolve_config({"model": {"dropout": 1.0}})
 
 
 def test_local_drift_benchmark_runs_every_user_for_t_steps():
     spec = importlib.util.spec_from_file_location("local_drift", ROOT / "benchmarks/local_drift.py")
     drift_module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(drift_module)
-    raw = ssfl_raw("ssfl_fedavg")
+    raw = ssfl_raw("fedavg_with_server")
     raw["server"]["bootstrap_epochs"] = 1
-    cfg = resolve(raw)
+    cfg = resolve_config(raw)
     start, accuracy = drift_module.bootstrapped(cfg)
     row = drift_module.drift(cfg, start, 2)
     assert row["steps"] == 2 and len(row["user_accuracy"]) == 4

@@ -5,23 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strategies import METHODS
-from strategies.base import ServerSide
-from tasks.config import resolve
+from strategies.loop import RoundStats
 from tasks.models import model_for
-from tasks.partition import get_split
 from tasks.train import evaluate
-from tests.harness import InProcessGrid
+from tests.harness import InProcessGrid, run_method
 
 
 def run(raw: dict, grid: InProcessGrid) -> list[dict]:
-    cfg = resolve(raw)
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    rows: list[dict] = []
-    strategy = METHODS[cfg["method"]].strategy(server, rows.append)
-    strategy.start(grid, num_rounds=cfg["rounds"])
-    return rows
+    return run_method(raw, grid)[0]
 
 
 def test_failing_client_is_reported_and_round_goes_on(synthetic_raw):
@@ -34,12 +25,25 @@ def test_failing_client_is_reported_and_round_goes_on(synthetic_raw):
         assert 0.0 <= row["test_accuracy"] <= 1.0
 
 
-def test_same_seed_same_numbers_whatever_the_reply_order(synthetic_raw):
-    a = run(synthetic_raw, InProcessGrid(3))
-    b = run(synthetic_raw, InProcessGrid(3))
-    assert [r["test_accuracy"] for r in a] == [r["test_accuracy"] for r in b]
-    assert a[-1]["bytes_c2s"] == a[-1]["bytes_s2c"] > 0
-    assert 0.0 <= a[-1]["mask_rate"] <= 1.0 and 0.0 <= a[-1]["pseudo_label_accuracy"] <= 1.0
+def test_replies_are_aggregated_in_partition_order_whatever_their_arrival(synthetic_raw):
+    grid = InProcessGrid(3)
+    _, strategy = run_method(synthetic_raw, grid)
+    replies = [r for r in grid.replies if r.metadata.message_type == "train"][-3:]
+    for order in ([2, 0, 1], [1, 2, 0], [2, 1, 0]):
+        updates = strategy.accept(2, [replies[i] for i in order], RoundStats())
+        assert [u.pid for u in updates] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("method", ["fedavg_fixmatch", "fedmatch"])
+def test_same_seed_same_numbers_whatever_the_reply_order(synthetic_raw, method):
+    raw = {**synthetic_raw, "method": method}
+
+    def rows(order_seed: int) -> list[dict]:
+        out = run(raw, InProcessGrid(3, order_seed=order_seed))
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in out]
+
+    first = rows(0)
+    assert all(rows(seed) == first for seed in (1, 2, 3))
 
 
 def test_sampling_is_deterministic_and_sized(synthetic_raw):
@@ -146,7 +150,8 @@ def test_aggregate_accuracy_is_the_model_before_the_server_step(synthetic_raw):
     "raw_update",
     [
         {"server": {"bootstrap_epochs": 1, "epochs": 0}},  # no server step
-        {"method": "ssfl_fedavg"},  # the server trains beside the users, not after them
+        # the server trains beside the users, not after them
+        {"method": "fedavg_with_server", "server": {"bootstrap_epochs": 1, "epochs": 0}},
     ],
 )
 def test_no_aggregate_accuracy_without_a_server_step(synthetic_raw, raw_update):
@@ -173,14 +178,11 @@ def test_local_accuracy_is_recorded_only_when_asked(synthetic_raw):
         "client": {"lr": 0.05},
         "algo": {"threshold": 0.3},
     }
-    cfg = resolve({**synthetic_raw, **trained, "eval": {"local_models": True}})
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    rows: list[dict] = []
     grid = InProcessGrid(3)
-    METHODS[cfg["method"]].strategy(server, rows.append).start(grid, num_rounds=cfg["rounds"])
+    rows, strategy = run_method({**synthetic_raw, **trained, "eval": {"local_models": True}}, grid)
+    cfg, server = strategy.cfg, strategy.server
     # The last round's three replies, each evaluated on its own: their mean is recorded.
-    model = model_for(cfg["model"], ds)
+    model = model_for(cfg["model"], server.dataset)
     accuracies = []
     for reply in grid.replies[-3:]:
         model.load_state_dict(reply.content["arrays"].to_torch_state_dict())

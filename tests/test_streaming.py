@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from client_app.base import ClientData, streamed
-from tasks.config import ConfigError, load_experiment
+from ssfl.experiment import resolve_experiment
+from tasks.config import ConfigError
 from tasks.partition import stream_slice, stream_step
 from tests.conftest import ROOT
 
@@ -42,13 +43,15 @@ def test_a_client_trains_on_its_rounds_chunk_only():
     assert streamed(data, {"stream_steps": 0, "stream_rounds_per_step": 10}, 7) is data
 
 
-def test_streaming_configs_resolve_and_bad_values_are_refused():
-    for name in ("fedmatch_las", "fedprox_fixmatch_lac"):
-        cfg = load_experiment(ROOT / f"experiments/fmnist-streaming/{name}.yaml")
-        assert cfg["split"]["stream_steps"] == 10 and cfg["rounds"] == 100
-        assert cfg["split"]["partitioner"] == "fedmatch_imbalanced"
-    with pytest.raises(ConfigError, match="stream_rounds_per_step"):
-        load_experiment(
+def test_streaming_configs_reach_every_chunk_and_bad_values_are_refused():
+    cfgs = [resolve_experiment(p) for p in sorted((ROOT / "experiments").rglob("*.yaml"))]
+    streaming = [c for c in cfgs if c["split"]["stream_steps"] > 0]
+    assert streaming
+    for cfg in streaming:  # the run lasts long enough to train on the last chunk
+        split = cfg["split"]
+        assert split["stream_steps"] * split["stream_rounds_per_step"] <= cfg["rounds"], cfg["name"]
+    with pytest.raises(ConfigError, match=r"'split.stream_rounds_per_step': must be >= 1"):
+        resolve_experiment(
             ROOT / "experiments/fmnist-streaming/fedmatch_las.yaml",
-            ["split.stream_rounds_per_step=0"],
+            sets=["split.stream_rounds_per_step=0"],
         )

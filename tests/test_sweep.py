@@ -8,15 +8,16 @@ import pytest
 import yaml
 
 import ssfl.runner
-from ssfl.cli import main, resolve_experiment
+from ssfl.cli import main
+from ssfl.experiment import resolve_experiment
 from ssfl.sweep import cell_dir, cell_overrides, grid_cells, parse_grid, sweep
 from tasks.config import ConfigError
 from tasks.results import plot_curves, plot_sweep
 
 
 def test_parse_grid_and_cells():
-    grid = parse_grid(["split.target_r=0,0.2,1.0", "method=ssfl_fedavg,fedrgd"])
-    assert grid == [("split.target_r", [0, 0.2, 1.0]), ("method", ["ssfl_fedavg", "fedrgd"])]
+    grid = parse_grid(["split.target_r=0,0.2,1.0", "method=fedavg_with_server,fedrgd"])
+    assert grid == [("split.target_r", [0, 0.2, 1.0]), ("method", ["fedavg_with_server", "fedrgd"])]
     cells = grid_cells(grid)
     assert len(cells) == 6 and cells[1] == (("split.target_r", 0), ("method", "fedrgd"))
 
@@ -86,7 +87,7 @@ def test_cli_sweep_rejects_a_bad_value_before_running(tmp_path, synthetic_raw, c
 
 
 def test_sweep_plot_takes_names_and_curves_take_any_metric(tmp_path):
-    plot_sweep({"": [("ssfl_fedavg", 0.8), ("fedrgd", 0.82)]}, "method", tmp_path / "s.png")
+    plot_sweep({"": [("fedavg_with_server", 0.8), ("fedrgd", 0.82)]}, "method", tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 0
     rows = [{"round": 1, "test_accuracy": 0.5}, {"round": 2, "weight_diversity": 0.3}]
     plot_curves([{"name": "a", "rounds": rows}], tmp_path / "d.png", metric="weight_diversity")

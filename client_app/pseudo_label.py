@@ -1,4 +1,4 @@
-"""Client half of the SSFL benchmark (ssfl_fedavg and fedrgd): T local steps of eq. 3 or 6.
+"""Client half of the SSFL benchmark (fedavg_with_server and fedrgd): T local steps of eq. 3 or 6.
 
 ``algo.loss: crl`` is the consistency regularization loss (eq. 6): pseudo-label from
 the weak view alpha(x) where max p >= tau, cross-entropy on the strong view A(x)
@@ -17,7 +17,7 @@ from client_app.consistency import ConsistencyClient
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 
 
-class SSFLClient(ConsistencyClient):
+class PseudoLabelClient(ConsistencyClient):
     """One user of the SSFL benchmark: client.local_steps SGD steps on its unlabeled data."""
 
     def __init__(self, *args, **kwargs) -> None:

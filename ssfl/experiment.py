@@ -1,0 +1,128 @@
+"""Experiments as library functions: resolve a YAML with overrides and the method's own
+defaults and checks, check its data, compare two configs, name its output folder.
+
+Used by the command line, reproduce, sweep, the ServerApp and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ssfl.registry import method
+from tasks.config import (
+    DEFAULTS,
+    ConfigError,
+    data_root,
+    deep_merge,
+    flatten,
+    parse_overrides,
+    read_yaml,
+    resolve,
+)
+
+# Client options a client half may leave out of its ``honours`` set, with the value
+# that means "off": any other value is refused for such a method.
+CLIENT_OPTIONS: dict[str, Any] = {
+    "client.local_steps": 0,
+    "lr_schedule.name": "exponential",
+    "client.keep_momentum": False,
+    "client.nesterov": False,
+    "client.proximal_mu": 0.0,
+}
+
+# Keys that say where and how a run executes, not what it computes.
+EXECUTION_KEYS = (
+    "dataset.root",
+    "federation.min_clients",
+    "federation.timeout_s",
+    "simulation.num_cpus",
+    "simulation.num_gpus",
+)
+
+
+def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a raw experiment mapping: defaults, types, ranges, the method's checks."""
+    from tasks.data import DATASETS
+    from tasks.models import MODELS
+
+    name = raw.get("method", DEFAULTS["method"])
+    spec = method(name)
+    server = spec.server_half()
+    choices = {"dataset.name": tuple(sorted(DATASETS)), "model.name": tuple(sorted(MODELS))}
+    cfg = resolve(raw, server.defaults(), choices)
+    check_client_options(name, cfg, spec.client_half())
+    server.check_config(cfg)
+    return cfg
+
+
+def check_client_options(name: str, cfg: Mapping[str, Any], client: Any) -> None:
+    """Refuse a client option the method's client half does not honour."""
+    if client is None:
+        return
+    flat = flatten(cfg)
+    for key, off in CLIENT_OPTIONS.items():
+        if flat[key] != off and key not in client.honours:
+            raise ConfigError(
+                f"config key '{key}': method {name!r} does not honour it on its clients; "
+                f"set it to {off!r}"
+            )
+
+
+def resolve_experiment(
+    path: str | Path, rounds: int | None = None, nodes: int | None = None, sets: list[str] = ()
+) -> dict[str, Any]:
+    """YAML + --rounds/--nodes/--set, validated, with the data folder made absolute."""
+    raw = read_yaml(path)
+    if rounds is not None:
+        raw = deep_merge(raw, {"rounds": rounds})
+    if nodes is not None:
+        raw = deep_merge(raw, {"split": {"num_clients": nodes}})
+    raw = deep_merge(raw, parse_overrides(list(sets)))
+    cfg = resolve_config(raw)
+    cfg["dataset"]["root"] = str(data_root(cfg))
+    return cfg
+
+
+def from_run_config(run_config: Mapping[str, Any], app_dir: Path) -> dict[str, Any]:
+    """The experiment of a Flower run: ``experiment`` (relative to the app) plus ``overrides``."""
+    path = Path(str(run_config.get("experiment", "")))
+    if not path.is_absolute():
+        path = app_dir / path
+    raw = deep_merge(read_yaml(path), parse_overrides(str(run_config.get("overrides", ""))))
+    return resolve_config(raw)
+
+
+def check_data(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Load the dataset and build the split now, so bad data fails before any training."""
+    from tasks.partition import get_split
+
+    _, split = get_split(cfg)
+    return split.summary
+
+
+def same_config(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    """Whether a results.json's config is this config (execution keys aside).
+
+    The recorded config is resolved again first, so keys added to the defaults since
+    the run compare equal when the new config keeps their default value.
+    """
+    try:
+        recorded = resolve_config(json.loads(json.dumps(recorded)))
+    except ConfigError:
+        return False
+
+    def comparable(c: Mapping[str, Any]) -> dict[str, Any]:
+        flat = flatten(json.loads(json.dumps(c)))
+        return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
+
+    return comparable(recorded) == comparable(cfg)
+
+
+def default_out(cfg: Mapping[str, Any]) -> Path:
+    """runs/<name or method>-<time> under the current directory."""
+    label = cfg["name"] or cfg["method"]
+    return Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"

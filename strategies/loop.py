@@ -1,0 +1,380 @@
+"""The one round loop every method runs, driving the parts the method picks.
+
+Per round: sample clients -> the codec encodes each client's message (its start model
+from the aggregator, the payloads) -> clients train -> failed replies are counted, the
+rest sorted by partition -> the server trains beside the clients (SSFL eq. 4-5) ->
+the aggregator builds the next global model -> the server trains the aggregate
+(FedSEAL eq. 3-4) -> payloads are recomputed -> the evaluator -> one results row.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from torch import nn
+
+from strategies.parts import (
+    Aggregator,
+    DenseCodec,
+    Evaluator,
+    FedAvg,
+    Metrics,
+    NoTrainer,
+    Payload,
+    ServerSide,
+    SupervisedTrainer,
+    TestAccuracy,
+    Update,
+    dense_bytes,
+    mean_metrics,
+    record_bytes,
+)
+from tasks.train import derive_seed
+
+log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
+
+
+@dataclass
+class Parts:
+    """What a method is made of (see strategies/parts.py). ``aggregator`` None: no clients."""
+
+    trainer: SupervisedTrainer | NoTrainer
+    aggregator: Aggregator | None
+    evaluator: Evaluator
+    codec: DenseCodec
+
+    @classmethod
+    def standard(cls, server: ServerSide, payloads: Iterable[Payload] = ()) -> Parts:
+        """FedAvg clients, the server trains their aggregate, test accuracy, dense models
+        with the method's extra payload records."""
+        return cls(SupervisedTrainer(server), FedAvg(), TestAccuracy(server), DenseCodec(payloads))
+
+
+@dataclass
+class RoundStats:
+    """Communication and participation of one round."""
+
+    bytes_s2c: int = 0
+    bytes_c2s: int = 0
+    bytes_c2s_dense: int = 0
+    replies: int = 0
+    failures: int = 0
+    failed_partitions: list[int] = field(default_factory=list)
+
+    def row(self) -> Metrics:
+        out: Metrics = {
+            "bytes_s2c": self.bytes_s2c,
+            "bytes_c2s": self.bytes_c2s,
+            "bytes_c2s_dense": self.bytes_c2s_dense,
+            "clients": self.replies,
+            "failures": self.failures,
+        }
+        if self.failures:
+            out["failed_partitions"] = self.failed_partitions
+        return out
+
+
+class RoundLoop(Strategy):
+    """A method's server half: the round loop over its parts."""
+
+    def __init__(
+        self, server: ServerSide, parts: Parts, on_round: Callable[[dict[str, Any]], None]
+    ):
+        self.server = server
+        self.cfg = server.cfg
+        self.parts = parts
+        self.on_round = on_round
+        self.nodes: dict[int, int] = {}
+        self.sampler = random.Random(derive_seed(self.cfg["seed"], "sampling"))
+        self.config_json = json.dumps(self.cfg, sort_keys=True)
+        self.scratch: nn.Module | None = None  # a copy of the model for clients' models
+
+    # ----- Flower Strategy interface -------------------------------------------------
+    def summary(self) -> None:
+        log.info(
+            "method %s, %d clients, %s rounds",
+            self.cfg["method"],
+            self.cfg["split"]["num_clients"],
+            self.cfg["rounds"],
+        )
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.messages(server_round, arrays, RoundStats())
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        updates = self.accept(server_round, replies, RoundStats())
+        if not updates or self.parts.aggregator is None:
+            return None, None
+        arrays, _ = self.parts.aggregator.aggregate(server_round, updates)
+        return arrays, MetricRecord(mean_metrics(updates))
+
+    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        """Evaluation is centralised on the server's test set: no client messages."""
+        return []
+
+    def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        return None
+
+    # ----- Messages ------------------------------------------------------------------
+    def client_config(self, server_round: int, pid: int) -> ConfigRecord:
+        """Round number, client learning rate (decayed per round), the full config and
+        the codec's entries."""
+        ccfg = self.cfg["client"]
+        return ConfigRecord(
+            {
+                "round": server_round,
+                "lr": ccfg["lr"] * ccfg["lr_decay"] ** (server_round - 1),
+                "ssfl-config": self.config_json,
+                **self.parts.codec.config(server_round, pid),
+            }
+        )
+
+    def messages(self, server_round: int, arrays: ArrayRecord, stats: RoundStats) -> list[Message]:
+        """One message per sampled client: its start model, the round config, payloads."""
+        aggregator, codec = self.parts.aggregator, self.parts.codec
+        assert aggregator is not None
+        out = []
+        for pid in self.sample_partitions(server_round):
+            start = aggregator.start_model(server_round, pid, arrays)
+            content = RecordDict(
+                {
+                    **codec.encode(server_round, pid, start),
+                    "config": self.client_config(server_round, pid),
+                }
+            )
+            stats.bytes_s2c += record_bytes(content)
+            out.append(
+                Message(
+                    content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[pid]
+                )
+            )
+        return out
+
+    def accept(
+        self, server_round: int, replies: Iterable[Message], stats: RoundStats
+    ) -> list[Update]:
+        """Count failed replies; the rest as updates sorted by partition, bytes counted."""
+        updates = []
+        for reply in replies:
+            if reply.has_error():
+                pid = self.partition_of(reply.metadata.src_node_id)
+                stats.failures += 1
+                stats.failed_partitions.append(pid)
+                log.warning("round %d: client %s failed: %s", server_round, pid, reply.error.reason)
+                continue
+            updates.append(Update.of(reply))
+        updates.sort(key=lambda u: u.pid)
+        stats.replies = len(updates)
+        for update in updates:
+            stats.bytes_c2s += record_bytes(update.content)
+            extra = update.content["metrics"].get("dense-bytes")
+            stats.bytes_c2s_dense += (
+                int(extra) if extra is not None else dense_bytes(update.content)
+            )
+        return updates
+
+    # ----- Sampling and node discovery -----------------------------------------------
+    def sample_partitions(self, server_round: int) -> list[int]:
+        """Deterministic sample of clients_per_round partitions (0 = all)."""
+        available = sorted(self.nodes)
+        k = self.cfg["federation"]["clients_per_round"] or len(available)
+        if k >= len(available):
+            return available
+        return sorted(self.sampler.sample(available, k))
+
+    def partition_of(self, node_id: int) -> int:
+        return next((p for p, n in self.nodes.items() if n == node_id), -1)
+
+    def discover(self, grid: Grid, timeout: float) -> dict[int, int]:
+        """Ask every node for its partition id (a QUERY round); wait for enough nodes."""
+        fed = self.cfg["federation"]
+        wanted = fed["min_clients"] or self.cfg["split"]["num_clients"]
+        deadline = time.monotonic() + timeout
+        while len(list(grid.get_node_ids())) < wanted:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {len(list(grid.get_node_ids()))} nodes connected, "
+                    f"{wanted} needed (federation.min_clients, 0 = split.num_clients)"
+                )
+            time.sleep(0.5)
+        messages = [
+            Message(
+                content=RecordDict({"config": ConfigRecord({"ssfl-config": self.config_json})}),
+                message_type=MessageType.QUERY,
+                dst_node_id=nid,
+            )
+            for nid in sorted(grid.get_node_ids())
+        ]
+        nodes: dict[int, int] = {}
+        for reply in grid.send_and_receive(messages, timeout=timeout):
+            if reply.has_error():
+                log.warning(
+                    "node %s did not answer the discovery query: %s",
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
+                continue
+            pid = int(reply.content["metrics"]["partition-id"])
+            if pid in nodes:
+                raise RuntimeError(f"two nodes report partition-id {pid}")
+            nodes[pid] = reply.metadata.src_node_id
+        if not nodes:
+            raise RuntimeError("no node answered the discovery query")
+        return nodes
+
+    # ----- The round loop ------------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 1,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Bootstrap, then per round: clients -> aggregate -> server step -> evaluate."""
+        self.summary()
+        if initial_arrays is not None:
+            self.server.load(initial_arrays)
+        if self.parts.aggregator is not None:
+            self.nodes = self.discover(grid, timeout)
+            log.info("clients: partitions %s", sorted(self.nodes))
+        self.parts.trainer.bootstrap()
+        self.update_payloads(0)
+        result = Result()
+        for rnd in range(1, num_rounds + 1):
+            started = time.perf_counter()
+            row = self.run_round(rnd, grid, timeout)
+            row["seconds"] = time.perf_counter() - started
+            result.evaluate_metrics_serverapp[rnd] = MetricRecord(
+                {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
+            )
+            self.on_round(row)
+        result.arrays = self.server.arrays()
+        return result
+
+    def run_round(self, rnd: int, grid: Grid, timeout: float) -> dict[str, Any]:
+        """One round; returns its results row (without the wall time)."""
+        stats = RoundStats()
+        trainer, aggregator, codec = self.parts.trainer, self.parts.aggregator, self.parts.codec
+        client_metrics: Metrics = {}
+        server_metrics: Metrics = {}
+        round_metrics: Metrics = {}
+        updates: list[Update] = []
+        if aggregator is not None:
+            round_metrics.update(codec.begin_round(rnd))
+            messages = self.messages(rnd, self.server.arrays(), stats)
+            round_metrics.update(self.sparse_metrics("s2c", stats.bytes_s2c, len(messages)))
+            replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+            updates = self.accept(rnd, replies, stats)
+        if trainer.beside_clients:
+            server_metrics = trainer.train(rnd)
+        if aggregator is not None:
+            if updates:
+                client_metrics = mean_metrics(updates)
+                round_metrics.update(self.aggregate(rnd, updates, stats))
+            else:
+                log.warning(
+                    "round %d: no client update arrived; the global model is unchanged", rnd
+                )
+            codec.end_round(self.sent(messages), {u.pid for u in updates})
+        if not trainer.beside_clients:
+            server_metrics = trainer.train(rnd)
+        round_metrics.update(self.update_payloads(rnd))
+        evaluation = self.parts.evaluator.evaluate(self.server.model)
+        return {
+            "round": rnd,
+            **evaluation,
+            **stats.row(),
+            **client_metrics,
+            **server_metrics,
+            **round_metrics,
+        }
+
+    def aggregate(self, rnd: int, updates: list[Update], stats: RoundStats) -> Metrics:
+        """The aggregator's new global model, loaded; the metrics it and its models give."""
+        assert self.parts.aggregator is not None
+        arrays, out = self.parts.aggregator.aggregate(rnd, updates)
+        if self.cfg["eval"]["local_models"]:
+            out["local_accuracy"] = self.local_accuracy(updates)
+        self.server.load(arrays)
+        trainer = self.parts.trainer
+        if trainer.trains() and not trainer.beside_clients:
+            aggregate = self.parts.evaluator.evaluate(self.server.model)
+            out["aggregate_accuracy"] = aggregate["test_accuracy"]
+        out.update(self.sparse_metrics("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
+        return out
+
+    def sent(self, messages: list[Message]) -> set[int]:
+        return {self.partition_of(m.metadata.dst_node_id) for m in messages}
+
+    def sparse_metrics(self, direction: str, sent: int, dense: int) -> Metrics:
+        """For a codec that sends less than dense models: the dense cost and the ratio.
+
+        s2c: ``dense`` is the number of messages (each costs one dense model); c2s: the
+        dense bytes the clients reported."""
+        model_bytes = self.parts.codec.dense_model_bytes
+        if model_bytes is None:
+            return {}
+        if direction == "s2c":
+            dense = model_bytes * dense
+            return {"bytes_s2c_dense": dense, "s2c_ratio": sent / max(dense, 1)}
+        return {"c2s_ratio": sent / max(dense, 1)}
+
+    def update_payloads(self, rnd: int) -> Metrics:
+        out: Metrics = {}
+        for payload in self.parts.codec.payloads:
+            out.update(payload.update(rnd))
+        return out
+
+    def local_accuracy(self, updates: list[Update]) -> float:
+        """Mean test accuracy of the clients' trained models (eval.local_models).
+
+        FedMatch Table 2's "averaged local model accuracy": in the official code every
+        client evaluates its model on the shared test set right after local training.
+        """
+        if self.scratch is None:
+            self.scratch = copy.deepcopy(self.server.model)
+        accuracies = []
+        for update in updates:
+            self.parts.codec.load_local(self.scratch, update)
+            accuracies.append(self.parts.evaluator.evaluate(self.scratch)["test_accuracy"])
+        return float(np.mean(accuracies))
+
+
+class ServerHalf:
+    """A method's server half: its config defaults and checks, and the parts it picks."""
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Method-specific defaults merged over tasks.config.DEFAULTS (algo keys included)."""
+        return {}
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        """Raise ConfigError for method-specific values that make no sense."""
+
+    @classmethod
+    def parts(cls, server: ServerSide) -> Parts:
+        return Parts.standard(server)
+
+    @classmethod
+    def strategy(cls, server: ServerSide, on_round: Callable[[dict[str, Any]], None]) -> RoundLoop:
+        """The Flower Strategy running this method on ``server``."""
+        return RoundLoop(server, cls.parts(server), on_round)

@@ -1,0 +1,424 @@
+"""The parts a method's server half is composed of, each reusable by any method.
+
+A method (``strategies/<method>.py``) picks one of each and hands them to
+:class:`strategies.loop.RoundLoop`, which drives them:
+
+- a **server trainer**: the supervised step on the labeled set (:class:`SupervisedTrainer`,
+  :class:`NoTrainer`), run after aggregation or beside the clients;
+- an **aggregator**: turns the round's client updates into the next global model and
+  chooses the model each client starts from (:class:`FedAvg`, :class:`AverageWithServer`
+  of SSFL eq. 4-5, :class:`GroupedAverage` of eq. 7);
+- an **evaluator**: a dict of metrics of a model (:class:`TestAccuracy`);
+- a **payload codec**: which records travel each way and how replies are read
+  (:class:`DenseCodec` with optional extra :class:`Payload` records such as FedSEAL's
+  thresholds).
+
+Parts hold their own state and return their metrics; nothing is passed through
+shared mutable attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+from torch import nn
+
+from tasks.aggregate import (
+    assign_groups,
+    average_with_server,
+    group_average,
+    weight_diversity,
+    weighted_average,
+)
+from tasks.augment import WeakAugment
+from tasks.data import Dataset
+from tasks.models import classifier_keys, model_for
+from tasks.partition import Split
+from tasks.train import (
+    LossFn,
+    derive_seed,
+    evaluate,
+    make_sgd,
+    scheduled_lr,
+    seeded,
+    steps_per_round,
+    supervised_epochs,
+    to_float,
+)
+
+# Keys of a client's MetricRecord that are bookkeeping, not metrics to average.
+BOOKKEEPING = ("partition-id", "num-examples", "dense-bytes")
+
+Metrics = dict[str, Any]
+
+
+@dataclass
+class ServerSide:
+    """What the server holds: config, data on the device, and the global model."""
+
+    cfg: dict[str, Any]
+    dataset: Dataset
+    split: Split
+    device: torch.device
+    model: nn.Module
+    labeled_x: torch.Tensor
+    labeled_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @classmethod
+    def build(
+        cls, cfg: dict[str, Any], dataset: Dataset, split: Split, device: torch.device
+    ) -> ServerSide:
+        with seeded(derive_seed(cfg["seed"], "init")):
+            model = model_for(cfg["model"], dataset).to(device)
+        train_x, train_y = dataset.train_x, dataset.train_y
+        return cls(
+            cfg=cfg,
+            dataset=dataset,
+            split=split,
+            device=device,
+            model=model,
+            labeled_x=to_float(train_x[split.server_labeled], device),
+            labeled_y=train_y[split.server_labeled].to(device),
+            val_x=to_float(train_x[split.val], device),
+            val_y=train_y[split.val].to(device),
+            test_x=to_float(dataset.test_x[split.test], device),
+            test_y=dataset.test_y[split.test].to(device),
+        )
+
+    def arrays(self) -> ArrayRecord:
+        return ArrayRecord(self.model.state_dict())
+
+    def load(self, arrays: ArrayRecord) -> None:
+        self.model.load_state_dict(arrays.to_torch_state_dict())
+
+    def weak_augment(self) -> WeakAugment:
+        """The weak view of the server's labeled batches (flip + shift)."""
+        ds = self.dataset
+        return WeakAugment(ds.image_size, ds.flip, self.cfg["augment"]["weak_shift"]).to(
+            self.device
+        )
+
+
+# ----- Records -------------------------------------------------------------------------
+def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """An ArrayRecord of numpy arrays, dtypes kept (sparse payloads keep their index dtype)."""
+    return ArrayRecord(
+        array_dict={key: Array(np.ascontiguousarray(v)) for key, v in arrays.items()}
+    )
+
+
+def numpy_state(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
+
+
+def record_bytes(content: RecordDict) -> int:
+    """Bytes of every array in a message, as serialised (what actually travels)."""
+    return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
+
+
+def dense_bytes(content: RecordDict) -> int:
+    """What the arrays of a message would cost as dense float32 tensors."""
+    return sum(
+        4 * int(np.prod(arr.shape))
+        for rec in content.array_records.values()
+        for arr in rec.values()
+    )
+
+
+@dataclass(frozen=True)
+class Update:
+    """One accepted client reply: who sent it, how many examples, what it holds."""
+
+    pid: int
+    num_examples: int
+    content: RecordDict
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        record = self.content["metrics"]
+        return {k: float(v) for k, v in record.items() if k not in BOOKKEEPING}
+
+    @classmethod
+    def of(cls, reply: Message) -> Update:
+        metrics = reply.content["metrics"]
+        return cls(int(metrics["partition-id"]), int(metrics["num-examples"]), reply.content)
+
+
+def mean_metrics(updates: list[Update]) -> Metrics:
+    """Example-weighted mean of every client metric (a metric some clients lack: theirs)."""
+    names = sorted({k for u in updates for k in u.metrics})
+    out = {}
+    for name in names:
+        vals = [(u.num_examples, u.metrics[name]) for u in updates if name in u.metrics]
+        total = sum(w for w, _ in vals)
+        out[name] = sum(w * v for w, v in vals) / total if total else 0.0
+    return out
+
+
+# ----- Evaluators ----------------------------------------------------------------------
+class Evaluator(Protocol):
+    def evaluate(self, model: nn.Module) -> Metrics:
+        """Metrics of ``model``; ``test_accuracy`` is always one of them."""
+
+
+class TestAccuracy:
+    """Top-1 accuracy and cross-entropy on the server's test set."""
+
+    def __init__(self, server: ServerSide):
+        self.x, self.y = server.test_x, server.test_y
+        self.batch_size = server.cfg["eval"]["batch_size"]
+
+    def evaluate(self, model: nn.Module) -> Metrics:
+        acc, loss = evaluate(model, self.x, self.y, self.batch_size)
+        return {"test_accuracy": acc, "test_loss": loss}
+
+
+# ----- Server trainers -----------------------------------------------------------------
+class NoTrainer:
+    """A method whose server does not train (after its optional bootstrap)."""
+
+    beside_clients = False
+
+    def trains(self) -> bool:
+        return False
+
+    def bootstrap(self) -> None:
+        """Nothing to do."""
+
+    def train(self, server_round: int) -> Metrics:
+        return {}
+
+
+class SupervisedTrainer:
+    """SGD with weak augmentation on the server's labeled set (FedSEAL eq. 3-4).
+
+    Each round is server.epochs epochs, or T = server.local_steps steps when > 0 (SSFL
+    benchmark eq. 2). ``beside_clients``: the server trains from the model the clients
+    start from, before aggregation (SSFL eq. 4-5); otherwise it trains the clients'
+    aggregate. The bootstrap (round 0) is server.bootstrap_epochs epochs (FedSEAL 4.1.3).
+    """
+
+    def __init__(self, server: ServerSide, beside_clients: bool = False):
+        self.server = server
+        self.cfg = server.cfg
+        self.scfg = server.cfg["server"]
+        self.beside_clients = beside_clients
+        self.weak = server.weak_augment()
+        self.kept_optimizer: torch.optim.Optimizer | None = None
+
+    def trains(self) -> bool:
+        """Whether a round changes the model (labeled data and E_s or T > 0)."""
+        return len(self.server.labeled_x) > 0 and (
+            self.scfg["epochs"] > 0 or self.scfg["local_steps"] > 0
+        )
+
+    def bootstrap(self) -> None:
+        """Counted in epochs even when rounds count T steps (server.local_steps)."""
+        if self.scfg["bootstrap_epochs"]:
+            self.fit(0, self.scfg["bootstrap_epochs"])
+
+    def train(self, server_round: int) -> Metrics:
+        return self.fit(server_round, self.scfg["epochs"])
+
+    def lr(self, server_round: int, step: int = 0, round_steps: int = 0) -> float:
+        """The rate at ``step`` of a round (cfg ``lr_schedule``; SSFL eq. 9 when cosine)."""
+        return scheduled_lr(
+            self.scfg, self.cfg["lr_schedule"], self.cfg["rounds"], server_round, step, round_steps
+        )
+
+    def parameters(self) -> Iterable[nn.Parameter]:
+        """What the server's SGD updates."""
+        return self.server.model.parameters()
+
+    def loss(self, server_round: int) -> tuple[LossFn | None, Metrics]:
+        """The round's supervised loss (None: cross-entropy) and what to record of it."""
+        return None, {}
+
+    def optimizer(self, server_round: int) -> torch.optim.Optimizer:
+        """A fresh SGD a round, or with server.keep_momentum one for the whole run."""
+        if self.kept_optimizer is not None:
+            return self.kept_optimizer
+        s = self.scfg
+        opt = make_sgd(
+            self.parameters(),
+            self.lr(server_round),
+            s["momentum"],
+            s["weight_decay"],
+            s["nesterov"],
+        )
+        if s["keep_momentum"]:
+            self.kept_optimizer = opt
+        return opt
+
+    def fit(self, server_round: int, epochs: int) -> Metrics:
+        """``epochs`` epochs on the labeled set, or T steps from round 1 on."""
+        n = len(self.server.labeled_x)
+        steps = self.scfg["local_steps"] if server_round > 0 else 0
+        round_steps = steps_per_round(n, self.scfg["batch_size"], epochs, steps)
+        if n == 0 or round_steps == 0:
+            return {}
+        opt = self.optimizer(server_round)
+        loss_fn, loss_metrics = self.loss(server_round)
+        with seeded(derive_seed(self.cfg["seed"], "server", server_round)) as gen:
+            out = supervised_epochs(
+                self.server.model,
+                self.server.labeled_x,
+                self.server.labeled_y,
+                epochs=epochs,
+                optimizer=opt,
+                batch_size=self.scfg["batch_size"],
+                generator=gen,
+                augment=self.weak,
+                local_steps=steps,
+                lr_at=lambda step: self.lr(server_round, step, round_steps),
+                **({"loss_fn": loss_fn} if loss_fn is not None else {}),
+            )
+        return {"server_loss": out["loss"], "server_steps": out["steps"], **loss_metrics}
+
+
+# ----- Aggregators ---------------------------------------------------------------------
+class Aggregator(Protocol):
+    def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The model client ``pid`` trains from this round."""
+
+    def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
+        """The next global model from the round's updates, and metrics of the step."""
+
+
+class FedAvg:
+    """FedAvg weighted by the clients' example counts (McMahan et al.; FedSEAL eq. 2)."""
+
+    def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The model client ``pid`` trains from: the global model."""
+        return arrays
+
+    def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
+        states = [numpy_state(u.content["arrays"]) for u in updates]
+        avg = weighted_average(states, [float(u.num_examples) for u in updates])
+        return to_record(avg), {}
+
+
+class AverageWithServer(FedAvg):
+    """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_k w_k) / (C_k + 1), equal weights.
+
+    w_s is the server's model after its step beside the clients. Each round also records
+    the weight diversity of eq. 8 on the classifier, u_k = w_k - the model k started from.
+    """
+
+    def __init__(self, server: ServerSide):
+        self.server = server
+        self.classifier = classifier_keys(server.model)
+        self.started_from: dict[int, ArrayRecord] = {}
+
+    def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        sent = self.model_for(server_round, pid, arrays)
+        self.started_from[pid] = sent
+        return sent
+
+    def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        return arrays
+
+    def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
+        server = numpy_state(self.server.arrays())
+        users = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
+        metrics = {"weight_diversity": self.diversity(users)}
+        state, more = self.combine(server_round, server, users)
+        return to_record(state), {**metrics, **more}
+
+    def combine(
+        self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
+    ) -> tuple[dict[str, np.ndarray], Metrics]:
+        """The new w_avg (eq. 4-5, users sorted by partition id)."""
+        return average_with_server(server, [users[k] for k in sorted(users)]), {}
+
+    def diversity(self, users: dict[int, dict[str, np.ndarray]]) -> float:
+        """Eq. 8 over the users' classifier updates."""
+        updates = []
+        for pid in sorted(users):
+            start = self.started_from[pid]
+            updates.append(
+                np.concatenate(
+                    [(users[pid][k] - start[k].numpy()).ravel() for k in self.classifier]
+                )
+            )
+        return weight_diversity(updates)
+
+
+class GroupedAverage(AverageWithServer):
+    """FedRGD, SSFL benchmark eq. 7: random groups, the server's model joins every group.
+
+    The users that replied are shuffled (seeded per round) into S = algo.groups groups;
+    w_avg,i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1) and w_avg = sum_i w_avg,i / S.
+    Users of G_i start the next round from w_avg,i; a user not in the previous round
+    starts from w_avg (ours: the paper has every user in every round).
+    """
+
+    def __init__(self, server: ServerSide, num_groups: int):
+        super().__init__(server)
+        self.num_groups = num_groups
+        self.group_models: dict[int, ArrayRecord] = {}
+
+    def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        return self.group_models.get(pid, arrays)
+
+    def combine(
+        self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
+    ) -> tuple[dict[str, np.ndarray], Metrics]:
+        seed = derive_seed(self.server.cfg["seed"], "groups", server_round)
+        groups = assign_groups(sorted(users), self.num_groups, np.random.default_rng(seed))
+        per_group, overall = group_average(server, users, groups)
+        self.group_models = {}
+        for group, state in zip(groups, per_group):
+            record = to_record(state)
+            self.group_models.update({pid: record for pid in group})
+        return overall, {"groups": groups}
+
+
+# ----- Payload codecs ------------------------------------------------------------------
+class Payload(Protocol):
+    """An extra record sent to clients with the model (thresholds, centroids, a teacher)."""
+
+    def update(self, server_round: int) -> Metrics:
+        """Recompute from the server's model after its training (round 0: the bootstrap)."""
+
+    def records(self, server_round: int, pid: int) -> dict[str, Any]:
+        """The records for client ``pid``'s message."""
+
+
+class DenseCodec:
+    """Dense state dicts both ways, plus the method's extra payload records."""
+
+    dense_model_bytes: int | None = None  # a sparse codec reports the dense cost it saves
+
+    def __init__(self, payloads: Iterable[Payload] = ()):
+        self.payloads = list(payloads)
+
+    def begin_round(self, server_round: int) -> Metrics:
+        return {}
+
+    def config(self, server_round: int, pid: int) -> dict[str, Any]:
+        """Method entries of the client's round config."""
+        return {}
+
+    def encode(self, server_round: int, pid: int, start: ArrayRecord) -> dict[str, Any]:
+        """Records of client ``pid``'s message: its start model and the payloads."""
+        out: dict[str, Any] = {"arrays": start}
+        for payload in self.payloads:
+            out.update(payload.records(server_round, pid))
+        return out
+
+    def end_round(self, sent: set[int], replied: set[int]) -> None:
+        """After aggregation: what to forget about clients that did not reply."""
+
+    def load_local(self, model: nn.Module, update: Update) -> None:
+        """Load the model client ``update.pid`` trained into ``model``."""
+        model.load_state_dict(update.content["arrays"].to_torch_state_dict())

@@ -1,0 +1,128 @@
+"""Every option a method has is honoured or refused: never silently ignored.
+
+For every method, each key under client (when the method has clients), server and algo
+is set to another value on a tiny synthetic run: either the config refuses it with a
+ConfigError, or the run's numbers change.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from typing import Any
+
+import pytest
+
+from ssfl.experiment import resolve_config
+from ssfl.registry import METHODS, method
+from tasks.config import CHOICES, ConfigError, flatten
+from tests.harness import InProcessGrid, run_method
+
+# A bootstrapped model confident enough for pseudo-labels, thresholds and complementary
+# labels to be non-empty; three clients so that groups and helpers can vary.
+TINY: dict[str, Any] = {
+    "rounds": 2,
+    "dataset": {"name": "synthetic28", "synthetic_train_size": 600, "synthetic_test_size": 60},
+    "split": {
+        "labeled_per_class": 3,
+        "val_size": 30,
+        "test_size": 60,
+        "num_clients": 3,
+        "client_size": 32,
+    },
+    "model": {"norm": "none"},
+    "server": {"bootstrap_epochs": 20, "epochs": 1, "batch_size": 16, "lr": 0.1},
+    "client": {"batch_size": 16, "lr": 0.05},
+}
+
+# Per method, what makes its keys observable on TINY (e.g. T counted in steps).
+SETTING: dict[str, dict[str, Any]] = {
+    "fedavg_with_server": {
+        "server": {"epochs": 0, "local_steps": 2},
+        "client": {"local_steps": 2},
+        "algo": {"threshold": 0.3},
+    },
+    "fedrgd": {
+        "server": {"epochs": 0, "local_steps": 2},
+        "client": {"local_steps": 2},
+        "algo": {"threshold": 0.3},
+    },
+    "fedmatch": {"server": {"lr": 0.01}, "algo": {"helper_interval": 2, "confidence": 0.3}},
+    "fedavg_fixmatch": {"algo": {"threshold": 0.3}},
+    "fedavg_uda": {"algo": {"threshold": 0.3}},
+}
+
+# A key that only acts together with another value: that value is set with it.
+TOGETHER: dict[str, dict[str, Any]] = {
+    "algo.fixed_threshold": {"algo": {"classwise_threshold": False}},
+    "algo.labeled_batch_size": {
+        "split": {"scenario": "labels_at_client", "client_labeled_per_class": 2},
+    },
+    "algo.tau_max": {"algo": {"theta": 0.5}},
+    "client.keep_momentum": {"client": {"momentum": 0.9}},
+    "server.keep_momentum": {"server": {"momentum": 0.9}},
+    "client.nesterov": {"client": {"momentum": 0.9}},
+    "server.nesterov": {"server": {"momentum": 0.9}},
+}
+
+STRINGS = {"algo.loss": ("crl", "selftrain"), "algo.tsa_schedule": ("exp", "linear", "log")}
+
+
+def other_value(key: str, value: Any) -> Any:
+    """A different valid-looking value of the same type."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        if key.endswith("helpers"):
+            return value - 1
+        return (
+            value + 1 if key.endswith(("epochs", "steps", "groups", "interval")) else value * 2 or 2
+        )
+    if isinstance(value, float):
+        return value * 0.5 if value else 0.1
+    choices = CHOICES.get(key) or STRINGS.get(key) or (value,)
+    return next((c for c in choices if c != value), value)
+
+
+def raw_for(name: str) -> dict[str, Any]:
+    from tasks.config import deep_merge
+
+    return deep_merge({**TINY, "method": name}, SETTING.get(name, {}))
+
+
+def declared_keys(name: str) -> list[str]:
+    cfg = resolve_config(raw_for(name))
+    halves = ["server", "algo"] + (["client"] if method(name).client else [])
+    flat = flatten(cfg)
+    return sorted(k for k in flat if k.split(".")[0] in halves and flat[k] != {})
+
+
+@functools.lru_cache(maxsize=64)
+def numbers_of(raw_json: str) -> tuple[float, ...]:
+    raw = json.loads(raw_json)
+    rows, _ = run_method(raw, InProcessGrid(raw["split"]["num_clients"]))
+    return tuple(r["test_loss"] for r in rows)
+
+
+def numbers(raw: dict[str, Any]) -> tuple[float, ...]:
+    return numbers_of(json.dumps(raw, sort_keys=True))
+
+
+CASES = [(name, key) for name in sorted(METHODS) for key in declared_keys(name)]
+
+
+@pytest.mark.parametrize("name, key", CASES)
+def test_every_declared_key_changes_something_or_is_refused(name, key):
+    from tasks.config import deep_merge
+
+    raw = deep_merge(raw_for(name), TOGETHER.get(key, {}))
+    section, leaf = key.split(".", 1)
+    value = flatten(resolve_config(raw))[key]
+    changed = copy.deepcopy(raw)
+    changed.setdefault(section, {})[leaf] = other_value(key, value)
+    try:
+        resolve_config(changed)
+    except ConfigError:
+        return  # refused with one line
+    assert numbers(changed) != numbers(raw), f"{name}: {key} {value!r} -> changed nothing"
