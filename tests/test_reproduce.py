@@ -66,7 +66,7 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
         return fake_results(0.5, 3, cfg)
 
     monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
-    monkeypatch.setattr("ssfl.cli.check_data", lambda cfg: cfg)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     text = reproduce("fedseal-table1", tmp_path, None, ["client.lr=0.123"])
     assert len(ran) == 12  # client.lr is in every cell's config, Server-SL's too
     assert all(lr == pytest.approx(0.123) for _, lr, _ in ran)
