@@ -17,12 +17,12 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from peak_memory import TreePeak
 
 from ssfl.experiment import resolve_experiment
 from strategies.parts import ServerSide
@@ -35,42 +35,6 @@ from tasks.train import derive_seed, evaluate, make_sgd, seeded, supervised_epoc
 ROOT = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = ROOT / "experiments/fmnist-las/fedavg_sl.yaml"
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return 0
-
-
-def all_pids() -> set[int]:
-    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
-
-
-class PeakMemory:
-    """Peak summed RSS of the processes that did not exist when it started (plus this one)."""
-
-    def __init__(self) -> None:
-        self.before = all_pids() - {os.getpid()}
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            total = sum(rss_bytes(p) for p in all_pids() - self.before)
-            self.peak = max(self.peak, total)
-            time.sleep(0.25)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def plain_loop(cfg: dict, rounds: int) -> dict:
@@ -134,7 +98,10 @@ def flower_run(args, out: Path) -> dict:
         "--quiet",
     ]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    with TreePeak(proc.pid, interval=0.25) as peak:
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
     wall = time.perf_counter() - t0
     res = json.loads((out / "results.json").read_text())
     times = [r["seconds"] for r in res["rounds"]]
@@ -143,6 +110,7 @@ def flower_run(args, out: Path) -> dict:
         "startup_s": wall - sum(times),
         "round_s": times,
         "accuracy": [r["test_accuracy"] for r in res["rounds"]],
+        "peak_rss_bytes": peak.peak,
     }
 
 
@@ -156,13 +124,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     args.data_dir = str(Path(args.data_dir).resolve())
 
-    with PeakMemory() as mem_flower:
-        flower = flower_run(args, out / "flower")
+    flower = flower_run(args, out / "flower")
     cfg = resolve_experiment(EXPERIMENT, args.rounds, sets=[f"dataset.root={args.data_dir}"])
-    with PeakMemory() as mem_plain:
+    with TreePeak(os.getpid(), interval=0.25) as mem_plain:
         plain = plain_loop(cfg, args.rounds)
-    plain["peak_rss_bytes"] = mem_plain.peak + rss_bytes(os.getpid())
-    flower["peak_rss_bytes"] = mem_flower.peak
+    plain["peak_rss_bytes"] = mem_plain.peak
 
     def steady(times):
         return statistics.mean(times[1:]) if len(times) > 1 else times[0]

@@ -104,7 +104,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from ssfl.runner import RunFailed
 
     try:
-        print(reproduce(args.table, Path(args.out), args.rounds, args.set or [], not args.no_run))
+        text = reproduce(
+            args.table, Path(args.out), args.rounds, args.set or [], not args.no_run, args.dataset
+        )
+        print(text)
     except RunFailed as err:
         print(f"ssfl: reproduce failed: {err}", file=sys.stderr)
         return 1
@@ -183,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("table", choices=sorted(TABLES))
     rep.add_argument("--rounds", type=int, help="rounds of every cell (default: the experiments')")
     rep.add_argument("--out", required=True, help="folder for the cells, table.md, accuracy.png")
+    rep.add_argument(
+        "--dataset", help="the table's dataset, e.g. fmnist (default: its first; fedsup-table6)"
+    )
     rep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
     rep.add_argument(
         "--no-run", action="store_true", help="run nothing: a table of the finished cells only"

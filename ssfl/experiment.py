@@ -55,8 +55,18 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     choices = {"dataset.name": tuple(sorted(DATASETS)), "model.name": tuple(sorted(MODELS))}
     cfg = resolve(raw, server.defaults(), choices)
     check_client_options(name, cfg, spec.client_half())
+    check_ssl_heads(name, cfg, server.ssl_heads)
     server.check_config(cfg)
     return cfg
+
+
+def check_ssl_heads(name: str, cfg: Mapping[str, Any], trained: frozenset[str]) -> None:
+    """Refuse a projector or predictor the method would carry but never train."""
+    for key in ("projector_dim", "predictor_dim"):
+        if cfg["model"][key] and f"model.{key}" not in trained:
+            raise ConfigError(
+                f"config key 'model.{key}': method {name!r} does not train one; set it to 0"
+            )
 
 
 def check_client_options(name: str, cfg: Mapping[str, Any], client: Any) -> None:

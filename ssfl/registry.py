@@ -39,6 +39,10 @@ METHODS: dict[str, Method] = {
     "fedavg_with_server": Method("strategies.fedavg_with_server:FedAvgWithServer", "client_app.pseudo_label:PseudoLabelClient"),
     "fedrgd": Method("strategies.fedrgd:FedRGD", "client_app.pseudo_label:PseudoLabelClient"),
     "fedmatch": Method("strategies.fedmatch:FedMatch", "client_app.fedmatch:FedMatchClient"),
+    "fedavg_simclr": Method("strategies.fedavg_ssl:FedAvgSimCLR", "client_app.ssl:SimCLRClient"),
+    "fedavg_simsiam": Method("strategies.fedavg_ssl:FedAvgSimSiam", "client_app.ssl:SimSiamClient"),
+    "fedavg_byol": Method("strategies.fedavg_ssl:FedAvgBYOL", "client_app.ssl:BYOLClient"),
+    "fedsup": Method("strategies.fedsup:FedSup", "client_app.fedsup:FedSupClient"),
 }  # fmt: skip
 
 # Old method names: a one-line error names the new one.

@@ -14,6 +14,7 @@ from typing import Any
 
 from ssfl.experiment import check_data, resolve_experiment, same_config
 from ssfl.runner import run_simulation
+from tasks.config import ConfigError
 from tasks.results import load_results, plot_curves
 
 
@@ -25,8 +26,10 @@ class Row:
     # Paper's (S2C, C2S) cost per column as fractions of dense; printed beside ours.
     paper_costs: dict[str, tuple[float, float]] = field(default_factory=dict)
 
-    def experiment_for(self, column: str) -> str:
-        return self.experiment[column] if isinstance(self.experiment, dict) else self.experiment
+    def experiment_for(self, column: str, folder: str = "") -> str:
+        """The cell's experiment file (inside ``folder`` for a table with datasets)."""
+        name = self.experiment[column] if isinstance(self.experiment, dict) else self.experiment
+        return f"{folder}/{name}" if folder else name
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,14 @@ class Table:
     notes: list[str] = field(default_factory=list)
     # Also show the clients' averaged local accuracy (the cells set eval.local_models).
     local: bool = False
+    # The results.json field tabled (e.g. FedSup's protocol accuracies).
+    metric: str = "final_test_accuracy"
+    # Tables of the same cells with another metric, written after this one.
+    linked: tuple[str, ...] = ()
+    # --dataset name -> the experiments folder of the rows' files (first: the default).
+    datasets: dict[str, str] = field(default_factory=dict)
+    # (lower, upper) rows: each row's share of the gap between them, ours and the paper's.
+    gap: tuple[str, str] | None = None
 
 
 FMNIST = "experiments/fmnist-las"
@@ -112,6 +123,78 @@ TABLES: dict[str, Table] = {
 }
 
 
+FEDSUP_ROWS = {
+    "Centralized": "centralized.yaml",
+    "Fully Supervised": "fully_supervised.yaml",
+    "FixMatch": "fixmatch.yaml",
+    "SimCLR": "simclr.yaml",
+    "SimSiam": "simsiam.yaml",
+    "BYOL": "byol.yaml",
+    "FedRGD": "fedrgd.yaml",
+    "FedSup": "fedsup.yaml",
+}
+# FedSup Tables 6.1 (finetuning) and 6.2 (linear evaluation), CIFAR-10 (IID, Non-IID); the
+# paper's Centralized and Fully Supervised rows are their plain test accuracies in both.
+FEDSUP_PAPER = {
+    "final_finetune_accuracy": {
+        "Centralized": (0.5692, 0.5692),
+        "Fully Supervised": (0.7950, 0.7730),
+        "FixMatch": (0.5976, 0.5962),
+        "SimCLR": (0.6150, 0.6138),
+        "SimSiam": (0.6108, 0.5856),
+        "BYOL": (0.6410, 0.6266),
+        "FedRGD": (0.6332, 0.6324),
+        "FedSup": (0.6954, 0.6884),
+    },
+    "final_linear_accuracy": {
+        "Centralized": (0.5692, 0.5692),
+        "Fully Supervised": (0.7950, 0.7730),
+        "FixMatch": (0.5952, 0.5940),
+        "SimCLR": (0.6070, 0.6034),
+        "SimSiam": (0.5944, 0.5720),
+        "BYOL": (0.6296, 0.6168),
+        "FedSup": (0.6626, 0.6610),
+    },
+}
+FEDSUP_COLUMNS = {"IID": [], "Non-IID": ["split.dirichlet_alpha=0.1"]}
+FEDSUP_DATASETS = {"fmnist": "experiments/fmnist-fedsup", "cifar10": "experiments/cifar10-fedsup"}
+FEDSUP_NOTES = [
+    "Paper: CIFAR-10, ResNet-18, 100 rounds, Dirichlet alpha 1e5 / 0.1. Ours (fmnist): "
+    "Fashion-MNIST, small CNN, 20 rounds, the same split rules and alphas, seed 0; every row "
+    "is the protocol on its final global model (the paper's Centralized and Fully Supervised "
+    "rows are plain test accuracies).",
+    "Gap closed: (row - Centralized) / (Fully Supervised - Centralized) per column.",
+]
+
+
+def fedsup_table(title: str, metric: str, linked: tuple[str, ...] = ()) -> Table:
+    """One of FedSup's Tables 6.1/6.2: the same cells, one protocol's accuracy."""
+    paper = FEDSUP_PAPER[metric]
+    return Table(
+        title=title,
+        columns=FEDSUP_COLUMNS,
+        rows=[
+            Row(label, name, dict(zip(FEDSUP_COLUMNS, paper[label])) if label in paper else {})
+            for label, name in FEDSUP_ROWS.items()
+        ],
+        notes=FEDSUP_NOTES,
+        metric=metric,
+        linked=linked,
+        datasets=FEDSUP_DATASETS,
+        gap=("Centralized", "Fully Supervised"),
+    )
+
+
+TABLES["fedsup-table6"] = fedsup_table(
+    "FedSup Table 6.1: test accuracy under finetuning",
+    "final_finetune_accuracy",
+    linked=("fedsup-table6.2",),
+)
+TABLES["fedsup-table6.2"] = fedsup_table(
+    "FedSup Table 6.2: test accuracy under linear evaluation", "final_linear_accuracy"
+)
+
+
 def cell_dir(out: Path, row: Row, column: str) -> Path:
     slug = row.label.lower().replace(" ", "_").replace("-", "_")
     return out / f"{slug}-{column.lower().replace('-', '')}"
@@ -140,10 +223,15 @@ def run_cell(
     return run_simulation(cfg, out, stream=False)
 
 
-def final(results: dict[tuple[str, str], dict[str, Any]], label: str, column: str) -> float | None:
-    """A cell's final test accuracy (None: not run)."""
+def final(
+    results: dict[tuple[str, str], dict[str, Any]],
+    label: str,
+    column: str,
+    metric: str = "final_test_accuracy",
+) -> float | None:
+    """A cell's value of ``metric`` (None: not run or not recorded)."""
     res = results.get((label, column))
-    return None if res is None else res["final_test_accuracy"]
+    return None if res is None else res.get(metric)
 
 
 def final_local(
@@ -168,7 +256,7 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
     for row in table.rows:
         cells = []
         for c in cols:
-            values = [fmt(final(results, row.label, c), ".4f")]
+            values = [fmt(final(results, row.label, c, table.metric), ".4f")]
             if table.local:
                 values.append(fmt(final_local(results, row.label, c), ".4f"))
             values.append(fmt(row.paper.get(c), ".4f", "-"))
@@ -187,12 +275,40 @@ def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> st
                 paper_gain = None if paper is None else paper - base.paper[c]
                 gains.append(f"{fmt(gain, '+.4f')} | {fmt(paper_gain, '+.4f', '-')}")
             lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(gains) + " |")
+    lines += gap_closed(table, results)
     lines += costs(table, results)
     rounds = sorted({len(r["rounds"]) for r in results.values()})
     done = f"after {', '.join(map(str, rounds))} rounds" if rounds else "(no cell has finished)"
-    lines += ["", f"Final test accuracy {done}."]
+    what = table.metric.removeprefix("final_").replace("_", " ")
+    lines += ["", f"Final {what} {done}."]
     lines += [f"{note}" for note in table.notes]
     return "\n".join(lines)
+
+
+def gap_closed(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """Each row's share of the gap between the table's lower and upper rows, ours | paper."""
+    if table.gap is None:
+        return []
+    low, high = (next(r for r in table.rows if r.label == name) for name in table.gap)
+    cols = list(table.columns)
+
+    def share(value, lo, hi) -> float | None:
+        if value is None or lo is None or hi is None or hi == lo:
+            return None
+        return (value - lo) / (hi - lo)
+
+    head = "| gap closed | " + " | ".join(f"{c} ours | {c} paper" for c in cols) + " |"
+    lines = ["", head, "|---|" + "---|---|" * len(cols)]
+    for row in table.rows:
+        if row in (low, high):
+            continue
+        cells = []
+        for c in cols:
+            ours = share(*(final(results, r.label, c, table.metric) for r in (row, low, high)))
+            paper = share(row.paper.get(c), low.paper.get(c), high.paper.get(c))
+            cells.append(f"{fmt(ours, '.0%')} | {fmt(paper, '.0%', '-')}")
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def cost_ratio(results: dict[str, Any], sent: str, dense: str) -> float:
@@ -223,18 +339,52 @@ def costs(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> list[
     return lines
 
 
-def reproduce(name: str, out: Path, rounds: int | None, sets: list[str], run: bool = True) -> str:
+def experiments_folder(table: Table, dataset: str | None) -> str:
+    """The folder of the rows' experiments for ``dataset`` (None: the table's first)."""
+    if not table.datasets:
+        if dataset is not None:
+            raise ConfigError(f"--dataset: {table.title} has one dataset only")
+        return ""
+    if dataset is None:
+        return next(iter(table.datasets.values()))
+    if dataset not in table.datasets:
+        allowed = ", ".join(table.datasets)
+        raise ConfigError(f"--dataset: {dataset!r} is not one of this table's ({allowed})")
+    return table.datasets[dataset]
+
+
+def reproduce(
+    name: str,
+    out: Path,
+    rounds: int | None,
+    sets: list[str],
+    run: bool = True,
+    dataset: str | None = None,
+) -> str:
     """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``.
 
-    With ``run=False`` nothing is run: the table shows the finished cells only.
+    With ``run=False`` nothing is run: the table shows the finished cells only. Linked
+    tables (the same cells, another metric) follow in table.md.
     """
     table = TABLES[name]
+    folder = experiments_folder(table, dataset)
     out.mkdir(parents=True, exist_ok=True)
+    results = table_results(table, out, rounds, sets, run, folder)
+    text = "\n\n".join(markdown(t, results) for t in (table, *map(TABLES.get, table.linked)))
+    (out / "table.md").write_text(text + "\n")
+    plot_curves(list(results.values()), out / "accuracy.png", title=table.title)
+    return text
+
+
+def table_results(
+    table: Table, out: Path, rounds: int | None, sets: list[str], run: bool, folder: str
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every cell's results, run or reused, by (row label, column)."""
     results = {}
     for column, col_overrides in table.columns.items():
         for row in table.rows:
             res = run_cell(
-                row.experiment_for(column),
+                row.experiment_for(column, folder),
                 row.label,
                 [*col_overrides, *sets],
                 rounds,
@@ -245,7 +395,4 @@ def reproduce(name: str, out: Path, rounds: int | None, sets: list[str], run: bo
                 continue
             res["name"] = f"{row.label} ({column})"
             results[(row.label, column)] = res
-    text = markdown(table, results)
-    (out / "table.md").write_text(text + "\n")
-    plot_curves(list(results.values()), out / "accuracy.png", title=table.title)
-    return text
+    return results

@@ -226,6 +226,11 @@ class FedMatch(ServerHalf):
 
     @classmethod
     def check_config(cls, cfg: dict[str, Any]) -> None:
+        if cfg["eval"]["protocol_every"]:
+            raise ConfigError(
+                "config key 'eval.protocol_every': fedmatch's model is sigma + psi, not an "
+                "encoder with one head; the protocols do not apply (set it to 0)"
+            )
         if cfg["server"]["local_steps"]:
             raise ConfigError(
                 "config key 'server.local_steps': fedmatch trains sigma in epochs "

@@ -32,6 +32,7 @@ from strategies.parts import (
     Metrics,
     NoTrainer,
     Payload,
+    Protocols,
     ServerSide,
     SupervisedTrainer,
     TestAccuracy,
@@ -99,6 +100,7 @@ class RoundLoop(Strategy):
         self.sampler = random.Random(derive_seed(self.cfg["seed"], "sampling"))
         self.config_json = json.dumps(self.cfg, sort_keys=True)
         self.scratch: nn.Module | None = None  # a copy of the model for clients' models
+        self.protocols = Protocols(server)
 
     # ----- Flower Strategy interface -------------------------------------------------
     def summary(self) -> None:
@@ -262,6 +264,8 @@ class RoundLoop(Strategy):
             started = time.perf_counter()
             row = self.run_round(rnd, grid, timeout)
             row["seconds"] = time.perf_counter() - started
+            if self.protocols.due(rnd, num_rounds):
+                row.update(self.protocols.evaluate(self.server.model, rnd))
             result.evaluate_metrics_serverapp[rnd] = MetricRecord(
                 {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
             )
@@ -360,6 +364,10 @@ class RoundLoop(Strategy):
 
 class ServerHalf:
     """A method's server half: its config defaults and checks, and the parts it picks."""
+
+    # The SSL heads its clients train (model.projector_dim, model.predictor_dim); the config
+    # refuses the others.
+    ssl_heads: frozenset[str] = frozenset()
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

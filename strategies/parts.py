@@ -39,6 +39,7 @@ from tasks.augment import WeakAugment
 from tasks.data import Dataset
 from tasks.models import classifier_keys, model_for
 from tasks.partition import Split
+from tasks.protocols import ProtocolSettings, finetune_accuracy, linear_accuracy
 from tasks.train import (
     LossFn,
     derive_seed,
@@ -182,6 +183,39 @@ class TestAccuracy:
         return {"test_accuracy": acc, "test_loss": loss}
 
 
+class Protocols:
+    """FedSup 5.1.2's evaluation protocols of the global model on the server's labels: a
+    fresh linear head finetuned end to end (Table 6.1) and a linear probe on the frozen
+    encoder (Table 6.2), every eval.protocol_every rounds and at the last round."""
+
+    def __init__(self, server: ServerSide):
+        self.server = server
+        ecfg, scfg = server.cfg["eval"], server.cfg["server"]
+        self.every = ecfg["protocol_every"]
+        common = {
+            "batch_size": scfg["batch_size"],
+            "momentum": scfg["momentum"],
+            "schedule": ecfg["protocol_schedule"],
+        }
+        self.finetune = ProtocolSettings(ecfg["finetune_epochs"], ecfg["finetune_lr"], **common)
+        self.linear = ProtocolSettings(ecfg["linear_epochs"], ecfg["linear_lr"], **common)
+
+    def due(self, server_round: int, last_round: int) -> bool:
+        return self.every > 0 and (server_round % self.every == 0 or server_round == last_round)
+
+    def evaluate(self, model: nn.Module, server_round: int) -> Metrics:
+        s = self.server
+        data = (s.labeled_x, s.labeled_y, s.test_x, s.test_y)
+        seed = derive_seed(s.cfg["seed"], "protocols", server_round)
+        batch = s.cfg["eval"]["batch_size"]
+        return {
+            "finetune_accuracy": finetune_accuracy(
+                model, *data, self.finetune, seed, s.weak_augment(), batch
+            ),
+            "linear_accuracy": linear_accuracy(model, *data, self.linear, seed, batch),
+        }
+
+
 # ----- Server trainers -----------------------------------------------------------------
 class NoTrainer:
     """A method whose server does not train (after its optional bootstrap)."""
@@ -209,6 +243,7 @@ class SupervisedTrainer:
 
     def __init__(self, server: ServerSide, beside_clients: bool = False):
         self.server = server
+        self.model = server.model  # what the server trains (FedSup: its own network)
         self.cfg = server.cfg
         self.scfg = server.cfg["server"]
         self.beside_clients = beside_clients
@@ -237,7 +272,7 @@ class SupervisedTrainer:
 
     def parameters(self) -> Iterable[nn.Parameter]:
         """What the server's SGD updates."""
-        return self.server.model.parameters()
+        return self.model.parameters()
 
     def loss(self, server_round: int) -> tuple[LossFn | None, Metrics]:
         """The round's supervised loss (None: cross-entropy) and what to record of it."""
@@ -270,7 +305,7 @@ class SupervisedTrainer:
         loss_fn, loss_metrics = self.loss(server_round)
         with seeded(derive_seed(self.cfg["seed"], "server", server_round)) as gen:
             out = supervised_epochs(
-                self.server.model,
+                self.model,
                 self.server.labeled_x,
                 self.server.labeled_y,
                 epochs=epochs,
@@ -316,7 +351,7 @@ class AverageWithServer(FedAvg):
 
     def __init__(self, server: ServerSide):
         self.server = server
-        self.classifier = classifier_keys(server.model)
+        self.diversity_keys = classifier_keys(server.model)  # eq. 8: the classifier's
         self.started_from: dict[int, ArrayRecord] = {}
 
     def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -327,8 +362,12 @@ class AverageWithServer(FedAvg):
     def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
         return arrays
 
+    def joining(self) -> dict[str, np.ndarray]:
+        """w_s, the model that joins the users' average: the server's."""
+        return numpy_state(self.server.arrays())
+
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
-        server = numpy_state(self.server.arrays())
+        server = self.joining()
         users = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
         metrics = {"weight_diversity": self.diversity(users)}
         state, more = self.combine(server_round, server, users)
@@ -341,13 +380,13 @@ class AverageWithServer(FedAvg):
         return average_with_server(server, [users[k] for k in sorted(users)]), {}
 
     def diversity(self, users: dict[int, dict[str, np.ndarray]]) -> float:
-        """Eq. 8 over the users' classifier updates."""
+        """Eq. 8 over the users' updates of ``diversity_keys``."""
         updates = []
         for pid in sorted(users):
             start = self.started_from[pid]
             updates.append(
                 np.concatenate(
-                    [(users[pid][k] - start[k].numpy()).ravel() for k in self.classifier]
+                    [(users[pid][k] - start[k].numpy()).ravel() for k in self.diversity_keys]
                 )
             )
         return weight_diversity(updates)

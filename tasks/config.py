@@ -56,7 +56,15 @@ DEFAULTS: dict[str, Any] = {
         "stream_rounds_per_step": 10,
     },
     # dropout: Dropout2d after small_cnn's conv blocks (the SSFL benchmark's EMNIST CNN: 0.25).
-    "model": {"name": "small_cnn", "norm": "bn", "dropout": 0.0, "head_size": 0},
+    "model": {
+        "name": "small_cnn",
+        "norm": "bn",
+        "dropout": 0.0,
+        "head_size": 0,
+        # SSL heads on the embedding (SimCLR, SimSiam, BYOL, FedSup); 0 = none.
+        "projector_dim": 0,
+        "predictor_dim": 0,
+    },
     "server": {
         "bootstrap_epochs": 0,
         "epochs": 0,
@@ -99,7 +107,21 @@ DEFAULTS: dict[str, Any] = {
     "simulation": {"num_cpus": 1, "num_gpus": 0.0},
     # local_models: also record local_accuracy, the clients' trained models' mean test
     # accuracy each round (FedMatch Table 2's metric).
-    "eval": {"batch_size": 500, "local_models": False},
+    "eval": {
+        "batch_size": 500,
+        "local_models": False,
+        # FedSup 5.1.2's protocols on the global model: a fresh linear head finetuned end
+        # to end, and a linear probe on the frozen encoder, both on the server's labels;
+        # every protocol_every rounds and at the last round (0 = off). Epochs and rates: ours.
+        "protocol_every": 0,
+        "finetune_epochs": 5,
+        "finetune_lr": 0.01,
+        "linear_epochs": 50,
+        "linear_lr": 0.1,
+        # cosine: both protocols anneal their rate to 0 (ours: the model they end on is
+        # settled, not one step of a noisy constant-rate walk); constant.
+        "protocol_schedule": "cosine",
+    },
     # Weak view: flip + shift by up to this fraction of the side (FixMatch: 0.125).
     "augment": {"weak_shift": 0.125},
     "algo": {},
@@ -111,6 +133,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "split.partitioner": ("iid", "dirichlet", "random_classes", "fedmatch_imbalanced", "noniid_r"),
     "model.norm": ("none", "bn", "gn"),
     "lr_schedule.name": ("exponential", "cosine"),
+    "eval.protocol_schedule": ("cosine", "constant"),
 }
 
 
@@ -276,6 +299,11 @@ MINIMUM: dict[str, float] = {
     "lr_schedule.epoch_samples": 1,
     "lr_schedule.floor": 0,
     "model.head_size": 0,
+    "eval.protocol_every": 0,
+    "eval.finetune_epochs": 1,
+    "eval.linear_epochs": 1,
+    "model.projector_dim": 0,
+    "model.predictor_dim": 0,
 }
 
 
@@ -290,6 +318,9 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
         )
     if cfg["split"]["dirichlet_alpha"] <= 0:
         raise ConfigError("config key 'split.dirichlet_alpha': must be > 0")
+    for key in ("eval.finetune_lr", "eval.linear_lr"):
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"config key '{key}': must be > 0, got {_get(cfg, key)}")
     dropout = cfg["model"]["dropout"]
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout': must be in [0, 1), got {dropout}")
@@ -297,6 +328,11 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"config key 'model.dropout': only small_cnn has a dropout layer, "
             f"not {cfg['model']['name']}"
+        )
+    if cfg["model"]["predictor_dim"] and not cfg["model"]["projector_dim"]:
+        raise ConfigError(
+            "config key 'model.predictor_dim': a predictor sits on the projector: "
+            "set model.projector_dim > 0"
         )
     _check_scenario(cfg["split"])
     for half in ("server", "client"):

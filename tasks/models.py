@@ -11,9 +11,10 @@ reach these through the Normalize wrapper that :func:`build_model` adds.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -47,7 +48,9 @@ class Net(nn.Module, ABC):
 
     ``features`` is an nn.Sequential whose leading layers are the conv blocks: block i ends
     before layer ``block_ends[i]``; the layers after the last block (pooling, flattening)
-    and the head's input layers belong to ``embed``.
+    and ``embed_tail`` (the head's input layers) give the embedding. With
+    :func:`add_ssl_heads`, a ``projector`` and a ``predictor`` MLP sit on the embedding
+    (SimCLR, SimSiam, BYOL, FedSup); the forward pass never uses them.
     """
 
     features: nn.Sequential
@@ -63,9 +66,22 @@ class Net(nn.Module, ABC):
     def head(self) -> nn.Module:
         """The classifier applied to ``embed``'s output."""
 
-    @abstractmethod
+    def embed_tail(self, h: torch.Tensor) -> torch.Tensor:
+        """The embedding from the output of ``features`` (the identity by default)."""
+        return h
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """The (N, D) representation the head takes."""
+        return self.embed_tail(self.features(x))
+
+    def maps_and_embedding(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The output of each conv block and the embedding, in one pass."""
+        maps = []
+        for i, layer in enumerate(self.features, 1):
+            x = layer(x)
+            if i in self.block_ends:
+                maps.append(x)
+        return maps, self.embed_tail(x)
 
     def feature_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The output of each conv block in order: ``num_blocks`` (N, C, H, W) tensors."""
@@ -122,8 +138,8 @@ class SmallCNN(Net):
     def head(self) -> nn.Module:
         return self.classifier[-1]
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier[:-1](self.features(x))
+    def embed_tail(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier[:-1](h)
 
 
 def _conv_block(cin: int, cout: int, norm: str, pool: int = 1) -> nn.Sequential:
@@ -178,9 +194,6 @@ class ResNet9(Net):
     def head(self) -> nn.Module:
         return self.classifier
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features(x)
-
 
 class BasicBlock(nn.Module):
     """The CIFAR ResNet basic block with a projection shortcut when the shape changes."""
@@ -230,15 +243,34 @@ class ResNet18(Net):
     def head(self) -> nn.Module:
         return self.classifier
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features(x)
-
 
 MODELS: dict[str, Callable[..., Net]] = {
     "small_cnn": SmallCNN,
     "resnet9": ResNet9,
     "resnet18": ResNet18,
 }
+
+
+def mlp(dims: Sequence[int]) -> nn.Sequential:
+    """Linear -> BatchNorm1d -> ReLU between consecutive widths, a plain Linear last
+    (the projector and predictor of SimSiam and BYOL)."""
+    layers: list[nn.Module] = []
+    for i, (cin, cout) in enumerate(itertools.pairwise(dims)):
+        layers.append(nn.Linear(cin, cout))
+        if i < len(dims) - 2:
+            layers += [nn.BatchNorm1d(cout), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers)
+
+
+def add_ssl_heads(net: Net, projector_dim: int, predictor_dim: int = 0) -> None:
+    """A projector D -> P -> P on the embedding, and a predictor P -> H -> P when
+    ``predictor_dim`` H > 0 (FedSup section 5.1.1: P = H = 512 with ResNet-18)."""
+    if projector_dim < 1:
+        raise ValueError(f"projector_dim must be positive, got {projector_dim}")
+    width = net.head.in_features
+    net.projector = mlp((width, projector_dim, projector_dim))
+    if predictor_dim:
+        net.predictor = mlp((projector_dim, predictor_dim, projector_dim))
 
 
 def build_model(
@@ -251,16 +283,23 @@ def build_model(
     std: Sequence[float],
     dropout: float = 0.0,
     head_size: int | None = None,
+    projector_dim: int = 0,
+    predictor_dim: int = 0,
 ) -> nn.Sequential:
     """A registered model behind a Normalize layer: model[0] normalises, model[1] is the net.
 
-    ``head_size`` is the number of head outputs (None: ``num_classes``).
+    ``head_size`` is the number of head outputs (None: ``num_classes``);
+    ``projector_dim`` > 0 adds the SSL projector (and ``predictor_dim`` > 0 the predictor).
     """
     if head_size is not None and head_size < 1:
         raise ValueError(f"head_size must be positive, got {head_size}")
+    if predictor_dim and not projector_dim:
+        raise ValueError("a predictor needs a projector (projector_dim > 0)")
     options = {"dropout": dropout} if dropout else {}
     outputs = num_classes if head_size is None else head_size
     net = MODELS[name](in_channels, outputs, image_size, norm=norm, **options)
+    if projector_dim:
+        add_ssl_heads(net, projector_dim, predictor_dim)
     return nn.Sequential(Normalize(mean, std), net)
 
 
@@ -288,6 +327,33 @@ def embedding(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return net.embed(normalize(x))
 
 
+class SSLOutputs(NamedTuple):
+    """One pass of a built model with SSL heads (``prediction`` None without a predictor)."""
+
+    maps: list[torch.Tensor]
+    embedding: torch.Tensor
+    projection: torch.Tensor | None
+    prediction: torch.Tensor | None
+
+
+def ssl_outputs(model: nn.Module, x: torch.Tensor) -> SSLOutputs:
+    """Block feature maps, embedding, projection and prediction of images ``x`` in [0, 1]
+    (the projection None without a projector)."""
+    normalize, net = _parts(model)
+    maps, emb = net.maps_and_embedding(normalize(x))
+    projector = getattr(net, "projector", None)
+    predictor = getattr(net, "predictor", None)
+    z = projector(emb) if projector is not None else None
+    p = predictor(z) if predictor is not None and z is not None else None
+    return SSLOutputs(maps, emb, z, p)
+
+
+def has_ssl_heads(model: nn.Module, predictor: bool = False) -> bool:
+    """Whether a built model has a projector (and, asked for, a predictor)."""
+    net = _parts(model)[1]
+    return hasattr(net, "projector") and (not predictor or hasattr(net, "predictor"))
+
+
 def head_of(model: nn.Module) -> nn.Module:
     """The head (classifier) of a built model: model(x) == head_of(model)(embedding(model, x))."""
     return _parts(model)[1].head
@@ -305,11 +371,17 @@ def classifier_keys(model: nn.Module) -> list[str]:
     return [f"{name}.{p}" for p, _ in head.named_parameters()]
 
 
+def without_ssl_heads(mcfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``model`` config section without the projector and predictor (FedSup's f_Server)."""
+    return {**mcfg, "projector_dim": 0, "predictor_dim": 0}
+
+
 def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
     """The experiment's model (``model`` config section) for a dataset-like object.
 
     ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData);
-    ``model.head_size`` (0 or absent: the class count) sets the head's width.
+    ``model.head_size`` (0 or absent: the class count) sets the head's width;
+    ``model.projector_dim`` and ``model.predictor_dim`` (0: none) add the SSL heads.
     """
     head_size = int(mcfg.get("head_size", 0))
     if 0 < head_size < data.num_classes:
@@ -327,4 +399,6 @@ def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
         data.std,
         float(mcfg["dropout"]),
         head_size or None,
+        int(mcfg.get("projector_dim", 0)),
+        int(mcfg.get("predictor_dim", 0)),
     )

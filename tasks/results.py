@@ -18,6 +18,10 @@ import matplotlib.pyplot as plt
 log = logging.getLogger("flwr.ssfl")
 
 
+# Round metrics that results.json also gives as final_<name> when the last round has them.
+FINAL_OF_LAST_ROUND = ("local_accuracy", "finetune_accuracy", "linear_accuracy")
+
+
 class Recorder:
     """Collects one row per round and writes the run's files into ``out_dir``."""
 
@@ -60,16 +64,16 @@ class Recorder:
             "rounds": self.rows,
             "final_test_accuracy": accs[-1] if accs else None,
             "best_test_accuracy": max(accs) if accs else None,
-            **self.final_local(),
+            **self.final_of_last_round(),
             "wall_seconds": time.time() - self.started,
             "host": {"python": platform.python_version(), "machine": platform.machine()},
         }
 
-    def final_local(self) -> dict[str, float]:
-        """The last round's local_accuracy (eval.local_models), when recorded."""
-        if self.rows and "local_accuracy" in self.rows[-1]:
-            return {"final_local_accuracy": self.rows[-1]["local_accuracy"]}
-        return {}
+    def final_of_last_round(self) -> dict[str, float]:
+        """final_<metric> of the last round's local_accuracy (eval.local_models) and protocol
+        accuracies (eval.protocol_every), when recorded."""
+        last = self.rows[-1] if self.rows else {}
+        return {f"final_{k}": last[k] for k in FINAL_OF_LAST_ROUND if k in last}
 
     def finish(self) -> dict[str, Any]:
         """Write results.json and accuracy.png; return the results."""

@@ -14,6 +14,8 @@ import yaml
 
 from ssfl.registry import METHODS
 from ssfl.runner import APP_PACKAGES, stage_app
+from tasks.data import dataset_info
+from tasks.models import model_for, without_ssl_heads
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +43,12 @@ TOP_KEYS = {
 }
 
 
+def state_bytes(mcfg: dict) -> int:
+    """Bytes of a synthetic28 model's state dict."""
+    model = model_for(mcfg, dataset_info("synthetic28"))
+    return sum(v.numel() * v.element_size() for v in model.state_dict().values())
+
+
 def ssfl_run(experiment, out, *args):
     cmd = [sys.executable, "-m", "ssfl.cli", "run", str(experiment), "--out", str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -52,6 +60,8 @@ def ssfl_run(experiment, out, *args):
 def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, synthetic_raw):
     exp = tmp_path / "exp.yaml"
     raw = {**synthetic_raw, "method": method, "eval": {"local_models": True}}
+    if method == "fedsup":  # FedSup 5.1.2's protocols, at the last round
+        raw["eval"] = {**raw["eval"], "protocol_every": 5, "finetune_epochs": 1, "linear_epochs": 1}
     if METHODS[method].server_half().defaults().get("server", {}).get("local_steps"):
         raw = {**raw, "server": {"bootstrap_epochs": 1, "epochs": 0}}  # rounds of T steps
     exp.write_text(yaml.safe_dump(raw))
@@ -73,6 +83,11 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
         extra = last["bytes_s2c"] - last["bytes_c2s"]  # what the server sends beyond the model
         if method == "fedseal":
             assert 0 < extra < 3 * 1000  # tau: 10 float32 per client, plus array headers
+        elif method == "fedsup":  # f_Server travels down beside the online network
+            teacher = 3 * state_bytes(without_ssl_heads(res["config"]["model"]))
+            assert teacher <= extra <= teacher + 3 * 5000  # + array headers
+            for protocol in ("finetune", "linear"):
+                assert res[f"final_{protocol}_accuracy"] == last[f"{protocol}_accuracy"]
         elif method == "fedmatch":  # sparse payloads: sigma + psi down, psi up
             assert last["bytes_c2s"] <= last["bytes_c2s_dense"] + 3 * 2000  # npy headers
             assert last["bytes_s2c_dense"] > 0 and 0 < last["c2s_ratio"] <= 1.01

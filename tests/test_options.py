@@ -50,6 +50,11 @@ SETTING: dict[str, dict[str, Any]] = {
     },
     "fedmatch": {"server": {"lr": 0.01}, "algo": {"helper_interval": 2, "confidence": 0.3}},
     "fedavg_fixmatch": {"algo": {"threshold": 0.3}},
+    "fedavg_simclr": {"model": {"projector_dim": 16}},
+    "fedavg_simsiam": {"model": {"projector_dim": 16, "predictor_dim": 8}},
+    "fedavg_byol": {"model": {"projector_dim": 16, "predictor_dim": 8}},
+    # f_Server's step after round r acts on the online network in round r + 1.
+    "fedsup": {"rounds": 3, "model": {"projector_dim": 128, "predictor_dim": 8}},
     "fedavg_uda": {"algo": {"threshold": 0.3}},
 }
 

@@ -9,6 +9,7 @@ import pytest
 import ssfl.reproduce
 from ssfl.experiment import resolve_experiment
 from ssfl.reproduce import TABLES, cell_dir, reproduce
+from tasks.config import ConfigError
 from tests.conftest import ROOT
 
 
@@ -116,3 +117,33 @@ def test_fedmatch_table2_has_one_experiment_per_scenario_and_costs(tmp_path):
     assert "| FedMatch | 0.8000 | 0.7000 | 0.7795 | 0.8000 | 0.7000 | 0.8415 |" in text
     assert "| FedProx-FixMatch | 0.8000 | 0.7000 | 0.6240 | 0.8000 | 0.7000 | 0.7371 |" in text
     assert "| FedMatch | 25% / 25% | 37% / 48% | 25% / 25% | 14% / 63% |" in text
+
+
+def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, monkeypatch):
+    from ssfl.reproduce import FEDSUP_ROWS
+
+    table = TABLES["fedsup-table6"]
+    accs = dict(zip(FEDSUP_ROWS, (0.70, 0.90, 0.72, 0.73, 0.74, 0.75, 0.76, 0.80)))
+    ran = []
+
+    labels = {cell_dir(tmp_path, r, c): r.label for r in table.rows for c in table.columns}
+
+    def fake_run(cfg, out, stream):
+        ran.append(out.name)
+        acc = accs[labels[out]]
+        return {
+            **fake_results(acc, 2, cfg),
+            "final_finetune_accuracy": acc,
+            "final_linear_accuracy": acc - 0.1,
+        }
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    text = reproduce("fedsup-table6", tmp_path, 2, [], dataset="fmnist")
+    assert len(ran) == len(FEDSUP_ROWS) * len(table.columns)
+    assert "Table 6.1" in text and "Table 6.2" in text
+    assert "| FedSup | 0.8000 | 0.6954 | 0.8000 | 0.6884 |" in text  # finetuning
+    assert "| FedSup | 0.7000 | 0.6626 | 0.7000 | 0.6610 |" in text  # linear evaluation
+    assert "| FedSup | 50% | 56% | 50% | 58% |" in text  # (0.80 - 0.70) / (0.90 - 0.70)
+    with pytest.raises(ConfigError, match="--dataset"):
+        reproduce("fedsup-table6", tmp_path, 2, [], dataset="mnist")

@@ -1,0 +1,86 @@
+"""Client half of FedSup (FedSup section 4.1.1, Fig. 4.1-4.2).
+
+The client receives the online network (encoder + projector + predictor) and the server's
+supervised network f_Server (the frozen target). Per step, on a batch of its unlabeled
+images x and their augmented view A(x) (the strong augmentation):
+
+- L_Con (eq. 3.6 form, symmetrised): the online prediction of A(x) regresses the target's
+  stop-gradient representation of x, and the prediction of x that of A(x); the target's
+  representation is its pooled feature, the input of its classifier (ours: the paper
+  leaves it open);
+- L_MSE: the mean squared error between the feature maps of the first N conv blocks of
+  the two networks on x, summed over blocks, weighted by lambda_s^(t/T).
+
+Loss = algo.consistency_weight * L_Con + lambda_s^(t/T) * L_MSE; only the online network
+learns and only it is sent back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from client_app.base import ClientHalf
+from tasks.models import model_for, ssl_outputs, without_ssl_heads
+from tasks.ssl import layerwise_mse, mse_weight, symmetric_negative_cosine
+from tasks.train import set_lr, step_batches
+
+
+class FedSupClient(ClientHalf):
+    """The online network learns from f_Server's representation and feature maps."""
+
+    honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name"}
+
+    def teacher(self) -> nn.Module:
+        """f_Server from the message, frozen, in eval mode (its BatchNorm statistics)."""
+        model = model_for(without_ssl_heads(self.cfg["model"]), self.data).to(self.device)
+        model.load_state_dict(self.content["teacher"].to_torch_state_dict())
+        return model.eval().requires_grad_(False)
+
+    def step_loss(
+        self, teacher: nn.Module, x: torch.Tensor, x_aug: torch.Tensor, mse_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss, L_Con, L_MSE) of one batch; both networks see x and A(x) in one pass."""
+        algo, n = self.algo, len(x)
+        first, blocks = algo["first_block"], algo["feature_blocks"]
+        online = ssl_outputs(self.model, torch.cat([x, x_aug]))
+        with torch.no_grad():
+            target = ssl_outputs(teacher, torch.cat([x, x_aug]))
+        p_raw, p_aug = online.prediction.chunk(2)
+        t_raw, t_aug = target.embedding.chunk(2)
+        l_con = symmetric_negative_cosine(p_aug, p_raw, t_raw, t_aug)
+        l_mse = layerwise_mse(
+            [m[:n] for m in online.maps[first:]], [m[:n] for m in target.maps[first:]], blocks
+        )
+        return algo["consistency_weight"] * l_con + mse_scale * l_mse, l_con, l_mse
+
+    def train(self) -> dict[str, float]:
+        d, ccfg = self.data, self.cfg["client"]
+        teacher = self.teacher()
+        _, strong = self.augmenters()
+        opt = self.optimizer()
+        scale = mse_weight(self.algo["lambda_s"], self.round, self.cfg["rounds"])
+        round_steps = self.round_steps()
+        totals = torch.zeros(3)
+        steps = 0
+        self.model.train()
+        batches = step_batches(
+            len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
+        )
+        for idx in batches:
+            xb = d.x[idx.to(d.x.device)]
+            loss, l_con, l_mse = self.step_loss(teacher, xb, strong(xb), scale)
+            set_lr(opt, self.lr_at(steps, round_steps))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            totals += torch.stack([loss.detach(), l_con.detach(), l_mse.detach()]).cpu()
+            steps += 1
+        mean = (totals / max(steps, 1)).tolist()
+        return {
+            "train_loss": mean[0],
+            "consistency_loss": mean[1],
+            "mse_loss": mean[2],
+            "mse_weight": scale,
+            "local_steps": steps,
+        }

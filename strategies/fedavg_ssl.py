@@ -1,0 +1,84 @@
+"""Federated SimCLR, SimSiam and BYOL, the baselines of FedSup (section 3.2, Fig. 4.3).
+
+The server trains the aggregate on its labels each round (as every labels-at-server
+method here); the clients run the self-supervised method on their unlabeled data; the
+projector and predictor travel with the model and are averaged like every other layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strategies.loop import ServerHalf
+from strategies.server_sl import SERVER_SCHEDULE
+from tasks.config import ConfigError, deep_merge
+
+# SSL heads sized for the small CNN's 128-d feature (ours; FedSup 5.1.1: 512 with ResNet-18).
+PROJECTOR = {"model": {"projector_dim": 128}}
+PROJECTOR_PREDICTOR = {"model": {"projector_dim": 128, "predictor_dim": 128}}
+
+
+class FedAvgSSL(ServerHalf):
+    """FedAvg of self-supervised clients; the model needs the method's SSL heads."""
+
+    needs_predictor = False
+    ssl_heads = frozenset({"model.projector_dim"})
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        heads = PROJECTOR_PREDICTOR if cls.needs_predictor else PROJECTOR
+        return deep_merge(SERVER_SCHEDULE, heads)
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        mcfg, name = cfg["model"], cfg["method"]
+        if not mcfg["projector_dim"]:
+            raise ConfigError(
+                f"config key 'model.projector_dim': {name} trains a projector: set it > 0"
+            )
+        if cls.needs_predictor and not mcfg["predictor_dim"]:
+            raise ConfigError(
+                f"config key 'model.predictor_dim': {name} trains a predictor: set it > 0"
+            )
+
+
+class FedAvgSimCLR(FedAvgSSL):
+    """NT-Xent clients (FedSup eq. 3.3)."""
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        # tau = 0.5 (FedSup 5.1.1); decoupled: eq. 3.3 as printed drops the positive pair
+        # from the denominator, Chen et al. keep it (ours: Chen et al.).
+        return deep_merge(super().defaults(), {"algo": {"temperature": 0.5, "decoupled": False}})
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        super().check_config(cfg)
+        if cfg["algo"]["temperature"] <= 0:
+            raise ConfigError("config key 'algo.temperature': must be > 0")
+
+
+class FedAvgSimSiam(FedAvgSSL):
+    """Stop-gradient Siamese clients (FedSup eq. 3.6)."""
+
+    needs_predictor = True
+    ssl_heads = frozenset({"model.projector_dim", "model.predictor_dim"})
+
+
+class FedAvgBYOL(FedAvgSSL):
+    """Clients with a per-round EMA target (FedSup section 3.2.4)."""
+
+    needs_predictor = True
+    ssl_heads = frozenset({"model.projector_dim", "model.predictor_dim"})
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        # mu: FedSup does not state it; BYOL's base rate is 0.996 over long runs, ours
+        # 0.99 because the target lives only for one round's local steps.
+        return deep_merge(super().defaults(), {"algo": {"ema": 0.99}})
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any]) -> None:
+        super().check_config(cfg)
+        if not 0.0 <= cfg["algo"]["ema"] <= 1.0:
+            raise ConfigError("config key 'algo.ema': must be in [0, 1]")
