@@ -100,12 +100,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from ssfl.reproduce import reproduce
+    from ssfl.reproduce import parse_seeds, reproduce
     from ssfl.runner import RunFailed
 
+    seeds = None if args.seeds is None else parse_seeds(args.seeds)
     try:
         text = reproduce(
-            args.table, Path(args.out), args.rounds, args.set or [], not args.no_run, args.dataset
+            args.table,
+            Path(args.out),
+            args.rounds,
+            args.set or [],
+            not args.no_run,
+            args.dataset,
+            seeds,
         )
         print(text)
     except RunFailed as err:
@@ -192,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
     rep.add_argument(
         "--no-run", action="store_true", help="run nothing: a table of the finished cells only"
+    )
+    rep.add_argument(
+        "--seeds",
+        metavar="S1,S2,...",
+        help="run every cell once per seed; the table shows mean ± std over the seeds",
     )
     rep.set_defaults(func=cmd_reproduce)
 

@@ -2,12 +2,16 @@
 
 Each cell is an experiment plus the column's overrides; a finished cell (a results.json
 in its folder made with the same resolved config) is reused, so an interrupted
-reproduction resumes where it stopped; a cell whose config changed is run again.
+reproduction resumes where it stopped; a cell whose config changed is run again. With
+``--seeds`` each cell runs once per seed and the table gives mean ± std over the seeds.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,23 +227,52 @@ def run_cell(
     return run_simulation(cfg, out, stream=False)
 
 
-def final(
-    results: dict[tuple[str, str], dict[str, Any]],
-    label: str,
-    column: str,
-    metric: str = "final_test_accuracy",
-) -> float | None:
-    """A cell's value of ``metric`` (None: not run or not recorded)."""
-    res = results.get((label, column))
-    return None if res is None else res.get(metric)
+Results = dict[tuple[str, str], dict[int | None, dict[str, Any]]]
+"""Each finished cell's results by (row label, column), then by seed (None: no --seeds)."""
+Measure = Callable[[dict[str, Any]], float | None]
 
 
-def final_local(
-    results: dict[tuple[str, str], dict[str, Any]], label: str, column: str
-) -> float | None:
-    """A cell's last-round local_accuracy (None: not run or not recorded)."""
-    res = results.get((label, column))
-    return None if res is None else res.get("final_local_accuracy")
+@dataclass(frozen=True)
+class Spread:
+    """A cell's value over its seeds: mean, sample std (0 with one seed), how many seeds."""
+
+    mean: float
+    std: float
+    n: int
+
+
+def recorded(name: str) -> Measure:
+    """A results.json field, e.g. final_test_accuracy (None: not recorded)."""
+    return lambda res: res.get(name)
+
+
+def last10(metric: str) -> Measure:
+    """The mean of ``metric``'s per-round key (``final_`` dropped) over the last 10 rounds.
+
+    Rounds that do not record the key are skipped (None: none of the last 10 does).
+    """
+    key = metric.removeprefix("final_")
+
+    def average(res: dict[str, Any]) -> float | None:
+        found = [r[key] for r in res["rounds"][-10:] if r.get(key) is not None]
+        return statistics.fmean(found) if found else None
+
+    return average
+
+
+def stat(results: Results, label: str, column: str, measure: Measure) -> Spread | None:
+    """``measure`` of a cell over its finished seeds (None: not run or not recorded)."""
+    found = (measure(res) for res in results.get((label, column), {}).values())
+    values = [v for v in found if v is not None]
+    if not values:
+        return None
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return Spread(statistics.fmean(values), std, len(values))
+
+
+def mean(value: Spread | None) -> float | None:
+    """The spread's mean (None: no value)."""
+    return None if value is None else value.mean
 
 
 def fmt(value: float | None, spec: str, missing: str = "not run") -> str:
@@ -247,56 +280,93 @@ def fmt(value: float | None, spec: str, missing: str = "not run") -> str:
     return missing if value is None else format(value, spec)
 
 
-def markdown(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> str:
-    """Our final accuracy beside the paper's, per column; a gain line against the baseline."""
+def show(value: Spread | None, seeds: list[int] | None) -> str:
+    """Our number: the mean, with seeds ``mean ± std`` (and n when some seeds are missing)."""
+    if value is None or not seeds:
+        return fmt(mean(value), ".4f")
+    text = f"{value.mean:.4f} ± {value.std:.4f}"
+    return text if value.n == len(seeds) else f"{text} (n = {value.n})"
+
+
+def tie(ours: Spread | None, ref: Spread | None, seeds: list[int] | None) -> str:
+    """The mark " (tie)" when, with seeds, the means differ by at most twice the larger std."""
+    if not seeds or ours is None or ref is None:
+        return ""
+    return " (tie)" if abs(ours.mean - ref.mean) <= 2 * max(ours.std, ref.std) else ""
+
+
+def markdown(table: Table, results: Results, seeds: list[int] | None = None) -> str:
+    """Our final accuracy beside the paper's, per column; a gain line against the baseline.
+
+    With ``seeds``, ours is the mean ± std over the seeds and a table of the last-10-round
+    means follows.
+    """
     cols = list(table.columns)
     names = ["ours", "ours, local", "paper"] if table.local else ["ours", "paper"]
+    measures = [recorded(table.metric)]
+    if table.local:
+        measures.append(recorded("final_local_accuracy"))
     head = "| method | " + " | ".join(f"{c} {n}" for c in cols for n in names) + " |"
     lines = [f"### {table.title}", "", head, "|---|" + "---|" * len(names) * len(cols)]
     for row in table.rows:
         cells = []
         for c in cols:
-            values = [fmt(final(results, row.label, c, table.metric), ".4f")]
-            if table.local:
-                values.append(fmt(final_local(results, row.label, c), ".4f"))
-            values.append(fmt(row.paper.get(c), ".4f", "-"))
-            cells += values
+            cells += [show(stat(results, row.label, c, m), seeds) for m in measures]
+            cells.append(fmt(row.paper.get(c), ".4f", "-"))
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    if table.baseline:
-        base = next(r for r in table.rows if r.label == table.baseline)
-        for row in table.rows:
-            if row is base:
-                continue
-            gains = []
-            for c in cols:
-                ours, ref = final(results, row.label, c), final(results, base.label, c)
-                gain = None if ours is None or ref is None else ours - ref
-                paper = row.paper.get(c)
-                paper_gain = None if paper is None else paper - base.paper[c]
-                gains.append(f"{fmt(gain, '+.4f')} | {fmt(paper_gain, '+.4f', '-')}")
-            lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(gains) + " |")
-    lines += gap_closed(table, results)
+    lines += gains(table, results, seeds)
+    lines += gap_closed(table, results, seeds)
+    lines += last_rounds(table, results, seeds)
     lines += costs(table, results)
-    rounds = sorted({len(r["rounds"]) for r in results.values()})
+    rounds = sorted({len(r["rounds"]) for runs in results.values() for r in runs.values()})
     done = f"after {', '.join(map(str, rounds))} rounds" if rounds else "(no cell has finished)"
     what = table.metric.removeprefix("final_").replace("_", " ")
     lines += ["", f"Final {what} {done}."]
+    lines += seeds_note(table, seeds)
     lines += [f"{note}" for note in table.notes]
     return "\n".join(lines)
 
 
-def gap_closed(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
-    """Each row's share of the gap between the table's lower and upper rows, ours | paper."""
+def gains(table: Table, results: Results, seeds: list[int] | None) -> list[str]:
+    """Each row's gain over the baseline row, ours (mean; (tie) within the spread) | paper."""
+    if not table.baseline:
+        return []
+    base = next(r for r in table.rows if r.label == table.baseline)
+    final = recorded(table.metric)
+    lines = []
+    for row in table.rows:
+        if row is base:
+            continue
+        cells = []
+        for c in table.columns:
+            ours, ref = (stat(results, r.label, c, final) for r in (row, base))
+            gain = None if ours is None or ref is None else ours.mean - ref.mean
+            paper = row.paper.get(c)
+            paper_gain = None if paper is None else paper - base.paper[c]
+            cells.append(
+                f"{fmt(gain, '+.4f')}{tie(ours, ref, seeds)} | {fmt(paper_gain, '+.4f', '-')}"
+            )
+        lines.append(f"| {row.label} - {table.baseline} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def share(value: float | None, lo: float | None, hi: float | None) -> float | None:
+    """``value``'s share of the gap from ``lo`` to ``hi`` (None: a number is missing)."""
+    if value is None or lo is None or hi is None or hi == lo:
+        return None
+    return (value - lo) / (hi - lo)
+
+
+def gap_closed(table: Table, results: Results, seeds: list[int] | None = None) -> list[str]:
+    """Each row's share of the gap between the table's lower and upper rows, ours | paper.
+
+    Ours uses the means; with seeds, (tie) marks a row within the spread of the lower row.
+    """
     if table.gap is None:
         return []
     low, high = (next(r for r in table.rows if r.label == name) for name in table.gap)
     cols = list(table.columns)
-
-    def share(value, lo, hi) -> float | None:
-        if value is None or lo is None or hi is None or hi == lo:
-            return None
-        return (value - lo) / (hi - lo)
-
+    final = recorded(table.metric)
     head = "| gap closed | " + " | ".join(f"{c} ours | {c} paper" for c in cols) + " |"
     lines = ["", head, "|---|" + "---|---|" * len(cols)]
     for row in table.rows:
@@ -304,11 +374,39 @@ def gap_closed(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> 
             continue
         cells = []
         for c in cols:
-            ours = share(*(final(results, r.label, c, table.metric) for r in (row, low, high)))
+            ours, lo, hi = (stat(results, r.label, c, final) for r in (row, low, high))
+            part = share(mean(ours), mean(lo), mean(hi))
+            mark = "" if part is None else tie(ours, lo, seeds)
             paper = share(row.paper.get(c), low.paper.get(c), high.paper.get(c))
-            cells.append(f"{fmt(ours, '.0%')} | {fmt(paper, '.0%', '-')}")
+            cells.append(f"{fmt(part, '.0%')}{mark} | {fmt(paper, '.0%', '-')}")
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     return lines
+
+
+def last_rounds(table: Table, results: Results, seeds: list[int] | None) -> list[str]:
+    """With seeds: each cell's mean of the metric over its last 10 rounds, mean ± std."""
+    if not seeds:
+        return []
+    cols = list(table.columns)
+    recent = last10(table.metric)
+    what = table.metric.removeprefix("final_").replace("_", " ")
+    head = f"| {what}, mean of the last 10 rounds | " + " | ".join(f"{c} ours" for c in cols)
+    lines = ["", head + " |", "|---|" + "---|" * len(cols)]
+    for row in table.rows:
+        cells = [show(stat(results, row.label, c, recent), seeds) for c in cols]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def seeds_note(table: Table, seeds: list[int] | None) -> list[str]:
+    """The line under a table with seeds: which seeds, what ± is, what (tie) means."""
+    if not seeds:
+        return []
+    gap = f"; a gap closed is (tie) when the row's gain over {table.gap[0]} is" if table.gap else ""
+    return [
+        f"Seeds {', '.join(map(str, seeds))} (n = {len(seeds)}); ± is the sample std over "
+        f"seeds; a gain within twice the larger std is marked (tie){gap}."
+    ]
 
 
 def cost_ratio(results: dict[str, Any], sent: str, dense: str) -> float:
@@ -317,8 +415,11 @@ def cost_ratio(results: dict[str, Any], sent: str, dense: str) -> float:
     return sum(r[sent] for r in rows) / max(sum(r.get(dense, 0) for r in rows), 1)
 
 
-def costs(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
-    """Communication of the rows with paper costs: S2C and C2S as fractions of dense."""
+def costs(table: Table, results: Results) -> list[str]:
+    """Communication of the rows with paper costs: S2C and C2S as fractions of dense.
+
+    With seeds, each fraction is the mean over the seeds.
+    """
     rows = [row for row in table.rows if row.paper_costs]
     if not rows:
         return []
@@ -328,11 +429,16 @@ def costs(table: Table, results: dict[tuple[str, str], dict[str, Any]]) -> list[
     for row in rows:
         cells = []
         for c in cols:
-            res = results.get((row.label, c))
+            runs = list(results.get((row.label, c), {}).values())
             ours = "not run"
-            if res is not None:
-                s2c = cost_ratio(res, "bytes_s2c", "bytes_s2c_dense")
-                ours = f"{s2c:.0%} / {cost_ratio(res, 'bytes_c2s', 'bytes_c2s_dense'):.0%}"
+            if runs:
+                s2c, c2s = (
+                    statistics.fmean(
+                        cost_ratio(res, f"bytes_{way}", f"bytes_{way}_dense") for res in runs
+                    )
+                    for way in ("s2c", "c2s")
+                )
+                ours = f"{s2c:.0%} / {c2s:.0%}"
             paper_s2c, paper_c2s = row.paper_costs[c]
             cells.append(f"{ours} | {paper_s2c:.0%} / {paper_c2s:.0%}")
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
@@ -353,6 +459,19 @@ def experiments_folder(table: Table, dataset: str | None) -> str:
     return table.datasets[dataset]
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2`` -> [0, 1, 2]; empty, non-integer or repeated seeds: ConfigError."""
+    try:
+        seeds = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--seeds {text!r}: expected integers separated by commas, e.g. 0,1,2"
+        ) from None
+    if len(set(seeds)) < len(seeds):
+        raise ConfigError(f"--seeds {text!r}: a seed is repeated")
+    return seeds
+
+
 def reproduce(
     name: str,
     out: Path,
@@ -360,39 +479,93 @@ def reproduce(
     sets: list[str],
     run: bool = True,
     dataset: str | None = None,
+    seeds: list[int] | None = None,
 ) -> str:
     """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``.
 
     With ``run=False`` nothing is run: the table shows the finished cells only. Linked
-    tables (the same cells, another metric) follow in table.md.
+    tables (the same cells, another metric) follow in table.md. With ``seeds`` every cell
+    runs once per seed (in ``seed{S}`` folders), the table shows mean ± std over the seeds
+    and ``seeds.json`` holds the numbers.
     """
     table = TABLES[name]
     folder = experiments_folder(table, dataset)
     out.mkdir(parents=True, exist_ok=True)
-    results = table_results(table, out, rounds, sets, run, folder)
-    text = "\n\n".join(markdown(t, results) for t in (table, *map(TABLES.get, table.linked)))
+    results = table_results(table, out, rounds, sets, run, folder, seeds)
+    tables = (table, *map(TABLES.get, table.linked))
+    text = "\n\n".join(markdown(t, results, seeds) for t in tables)
     (out / "table.md").write_text(text + "\n")
-    plot_curves(list(results.values()), out / "accuracy.png", title=table.title)
+    if seeds:
+        summary = seeds_summary(table, results, seeds)
+        (out / "seeds.json").write_text(json.dumps(summary, indent=2) + "\n")
+    runs = [res for cell in results.values() for res in cell.values()]
+    plot_curves(runs, out / "accuracy.png", title=table.title)
     return text
 
 
+def seeds_summary(table: Table, results: Results, seeds: list[int]) -> dict[str, Any]:
+    """seeds.json: per finished cell, each seed's final value and the spreads over seeds."""
+    final, recent = recorded(table.metric), last10(table.metric)
+    cells = []
+    for (label, column), runs in results.items():
+        ours, last = (stat(results, label, column, m) for m in (final, recent))
+        cells.append(
+            {
+                "row": label,
+                "column": column,
+                "values": [final(runs[s]) if s in runs else None for s in seeds],
+                "mean": mean(ours),
+                "std": None if ours is None else ours.std,
+                "last10_mean": mean(last),
+                "last10_std": None if last is None else last.std,
+                "n": 0 if ours is None else ours.n,
+            }
+        )
+    return {"seeds": seeds, "metric": table.metric, "cells": cells}
+
+
 def table_results(
-    table: Table, out: Path, rounds: int | None, sets: list[str], run: bool, folder: str
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every cell's results, run or reused, by (row label, column)."""
+    table: Table,
+    out: Path,
+    rounds: int | None,
+    sets: list[str],
+    run: bool,
+    folder: str,
+    seeds: list[int] | None = None,
+) -> Results:
+    """Every finished cell's results, run or reused, by (row label, column) and seed."""
     results = {}
     for column, col_overrides in table.columns.items():
         for row in table.rows:
-            res = run_cell(
-                row.experiment_for(column, folder),
-                row.label,
-                [*col_overrides, *sets],
-                rounds,
-                cell_dir(out, row, column),
-                run,
+            experiment = row.experiment_for(column, folder)
+            overrides = [*col_overrides, *sets]
+            runs = seed_runs(
+                experiment, row.label, overrides, rounds, cell_dir(out, row, column), run, seeds
             )
-            if res is None:
-                continue
-            res["name"] = f"{row.label} ({column})"
-            results[(row.label, column)] = res
+            for seed, res in runs.items():
+                res["name"] = f"{row.label} ({column})" + ("" if seed is None else f" seed {seed}")
+            if runs:
+                results[(row.label, column)] = runs
     return results
+
+
+def seed_runs(
+    experiment: str,
+    label: str,
+    overrides: list[str],
+    rounds: int | None,
+    out: Path,
+    run: bool,
+    seeds: list[int] | None,
+) -> dict[int | None, dict[str, Any]]:
+    """A cell's finished results per seed, each in ``out/seed{S}`` with ``seed=S`` last.
+
+    Without seeds: the one run in ``out`` itself, under the key None.
+    """
+    runs = {}
+    for seed in seeds or [None]:
+        extra, where = ([], out) if seed is None else ([f"seed={seed}"], out / f"seed{seed}")
+        res = run_cell(experiment, label, [*overrides, *extra], rounds, where, run)
+        if res is not None:
+            runs[seed] = res
+    return runs

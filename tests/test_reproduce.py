@@ -147,3 +147,116 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
     assert "| FedSup | 50% | 56% | 50% | 58% |" in text  # (0.80 - 0.70) / (0.90 - 0.70)
     with pytest.raises(ConfigError, match="--dataset"):
         reproduce("fedsup-table6", tmp_path, 2, [], dataset="mnist")
+
+
+SEEDS = [0, 1, 2]
+# Per seed 0, 1, 2: FedSEAL's mean 0.85, sample std 0.01; FedMatch's gain over Server-SL
+# (+0.01) is within twice the larger std (0.02), FedSEAL's (+0.05) is not.
+SEED_ACCS = {
+    "Server-SL": [0.80, 0.80, 0.80],
+    "FedAvg-SL": [0.86, 0.87, 0.88],
+    "FedAvg-FixMatch": [0.79, 0.79, 0.79],
+    "FedAvg-UDA": [0.78, 0.78, 0.78],
+    "FedSEAL": [0.84, 0.85, 0.86],
+    "FedMatch": [0.80, 0.81, 0.82],
+}
+
+
+def write_seed_cells(out, accs: dict[str, list[float]], seeds: list[int], rounds: int = 12):
+    """A results.json per seed of every fedseal-table1 cell, made with that seed's config."""
+    table = TABLES["fedseal-table1"]
+    for column, overrides in table.columns.items():
+        for row in table.rows:
+            for seed in seeds:
+                folder = cell_dir(out, row, column) / f"seed{seed}"
+                folder.mkdir(parents=True)
+                cfg = resolve_experiment(row.experiment, None, None, [*overrides, f"seed={seed}"])
+                res = fake_results(accs[row.label][seed], rounds, cfg)
+                (folder / "results.json").write_text(json.dumps(res))
+
+
+def test_seeds_table_shows_mean_std_last10_and_ties(tmp_path, monkeypatch):
+    write_seed_cells(tmp_path, SEED_ACCS, SEEDS)
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    plotted = []
+    monkeypatch.setattr(ssfl.reproduce, "plot_curves", lambda runs, *a, **k: plotted.extend(runs))
+    text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS)
+    assert len(plotted) == 36 and "FedSEAL (IID) seed 1" in {r["name"] for r in plotted}
+    assert "| FedSEAL | 0.8500 ± 0.0100 | 0.8418 | 0.8500 ± 0.0100 | 0.8428 |" in text
+    assert "| Server-SL | 0.8000 ± 0.0000 | 0.7971 | 0.8000 ± 0.0000 | 0.8025 |" in text
+    assert "| FedSEAL - Server-SL | +0.0500 | +0.0447 | +0.0500 | +0.0403 |" in text
+    assert "| FedMatch - Server-SL | +0.0100 (tie) | - | +0.0100 (tie) | - |" in text
+    # fake_results: round r has acc - 0.01 * (12 - r); rounds 3..12 average acc - 0.045.
+    assert "| test accuracy, mean of the last 10 rounds | Non-IID ours | IID ours |" in text
+    assert "| FedSEAL | 0.8050 ± 0.0100 | 0.8050 ± 0.0100 |" in text
+    assert "Seeds 0, 1, 2 (n = 3); ± is the sample std over seeds;" in text
+    summary = json.loads((tmp_path / "seeds.json").read_text())
+    assert summary["seeds"] == SEEDS and summary["metric"] == "final_test_accuracy"
+    assert len(summary["cells"]) == 12
+    cell = next(c for c in summary["cells"] if (c["row"], c["column"]) == ("FedSEAL", "IID"))
+    assert cell["values"] == [0.84, 0.85, 0.86] and cell["n"] == 3
+    assert cell["mean"] == pytest.approx(0.85) and cell["std"] == pytest.approx(0.01)
+    assert cell["last10_mean"] == pytest.approx(0.805)
+    assert cell["last10_std"] == pytest.approx(0.01)
+
+
+def test_last10_skips_rounds_without_the_key():
+    from ssfl.reproduce import last10
+
+    rows = [{"round": r, "test_accuracy": 0.0} for r in range(1, 21)]
+    for r in (12, 16, 20):  # every 4th round records the protocol accuracy
+        rows[r - 1]["finetune_accuracy"] = r / 100
+    assert last10("final_finetune_accuracy")({"rounds": rows}) == pytest.approx(0.16)
+    assert last10("final_linear_accuracy")({"rounds": rows}) is None
+
+
+def test_missing_seeds_run_with_the_seed_in_their_config(tmp_path, monkeypatch):
+    write_seed_cells(tmp_path, SEED_ACCS, [0, 1])
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    text = reproduce("fedseal-table1", tmp_path, None, [], run=False, seeds=SEEDS)
+    assert "| FedSEAL | 0.8450 ± 0.0071 (n = 2) | 0.8418 |" in text
+    ran = []
+
+    def fake_run(cfg, out, stream):
+        ran.append((cfg["seed"], out.parent.name, out.name))
+        return fake_results(0.9, 12, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS)
+    assert len(ran) == 12  # seed 2 of every cell; seeds 0 and 1 are reused
+    assert {(seed, name) for seed, _, name in ran} == {(2, "seed2")}
+    table = TABLES["fedseal-table1"]
+    cells = {cell_dir(tmp_path, r, c).name for r in table.rows for c in table.columns}
+    assert {parent for _, parent, _ in ran} == cells
+    # FedSEAL IID: 0.84, 0.85, 0.90 -> mean 0.8633, sample std 0.0321.
+    assert "| FedSEAL | 0.8633 ± 0.0321 | 0.8418 | 0.8633 ± 0.0321 | 0.8428 |" in text
+
+
+def test_seeds_gap_closed_uses_means_and_marks_ties():
+    from ssfl.reproduce import markdown
+
+    accs = {"Centralized": 0.70, "Fully Supervised": 0.90, "FixMatch": 0.72, "FedSup": 0.80}
+    spread = {"FixMatch": [-0.02, 0.0, 0.02]}  # std 0.02: its +0.02 over Centralized ties
+    results = {}
+    for label, acc in accs.items():
+        for column in TABLES["fedsup-table6"].columns:
+            runs = {}
+            for seed, delta in zip(SEEDS, spread.get(label, [0.0] * 3)):
+                runs[seed] = {**fake_results(acc + delta), "final_finetune_accuracy": acc + delta}
+            results[(label, column)] = runs
+    text = markdown(TABLES["fedsup-table6"], results, SEEDS)
+    assert "| FixMatch | 10% (tie) | 13% | 10% (tie) | 13% |" in text
+    assert "| FedSup | 50% | 56% | 50% | 58% |" in text
+    assert "| SimCLR | not run | 20% | not run | 22% |" in text
+
+
+@pytest.mark.parametrize("seeds", ["0,x", "", "1,1"])
+def test_bad_seeds_exit_2_with_one_line(tmp_path, monkeypatch, capsys, seeds):
+    from ssfl.cli import main
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    argv = ["reproduce", "fedseal-table1", "--out", str(tmp_path), "--seeds", seeds]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ssfl: error: --seeds") and err.count("\n") == 1
