@@ -1,7 +1,8 @@
 """Datasets as uint8 tensors: IDX files, torchvision datasets, a synthetic set, a node's folder.
 
 Every loader returns a :class:`Dataset` with images of shape (N, C, H, W) in
-uint8 and int64 labels. Loads are cached per process (``load_dataset``).
+uint8 and int64 labels. Loads are cached per process (``load_dataset``);
+the official IDX files are checked against their SHA-256 (:data:`IDX_RELEASES`) first.
 :data:`DATASET_INFO` holds what a model needs to know about each dataset's images
 without loading them; :func:`load_image_folder` reads a node's own unlabeled
 images (PNG/JPEG files or .npy arrays) in a dataset's format.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
+import math
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,27 +100,130 @@ IDX_FILES = {
 }
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """Read one (optionally gzipped) IDX file into a numpy array."""
+@dataclass(frozen=True)
+class IdxRelease:
+    """An official release of the four IDX files: its title and each file's SHA-256."""
+
+    title: str
+    sha256: Mapping[str, str]
+
+
+# SHA-256 of the official .gz files, checked before they are parsed. Fashion-MNIST: the
+# release of zalandoresearch/fashion-mnist (data/fashion/, MD5s as in its README). MNIST:
+# LeCun, Cortes and Burges' release (MD5s as torchvision's MNIST checks).
+IDX_RELEASES: dict[str, IdxRelease] = {
+    "fashion_mnist": IdxRelease(
+        "Fashion-MNIST",
+        {
+            "train-images-idx3-ubyte.gz": (
+                "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84"
+            ),
+            "train-labels-idx1-ubyte.gz": (
+                "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845"
+            ),
+            "t10k-images-idx3-ubyte.gz": (
+                "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073"
+            ),
+            "t10k-labels-idx1-ubyte.gz": (
+                "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5"
+            ),
+        },
+    ),
+    "mnist": IdxRelease(
+        "MNIST",
+        {
+            "train-images-idx3-ubyte.gz": (
+                "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"
+            ),
+            "train-labels-idx1-ubyte.gz": (
+                "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"
+            ),
+            "t10k-images-idx3-ubyte.gz": (
+                "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"
+            ),
+            "t10k-labels-idx1-ubyte.gz": (
+                "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6"
+            ),
+        },
+    ),
+}
+
+
+def file_sha256(path: Path) -> str:
+    """A file's SHA-256 in hex, computed once per process while its size and mtime stay."""
+    stat = path.stat()
+    return _sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """The SHA-256 of the file at ``path``; size and mtime only key the cache."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def verify_release(folder: Path, release: IdxRelease) -> None:
+    """Refuse, in one line naming the file, a file of ``folder`` that is not the official one."""
+    for fname, expected in release.sha256.items():
+        path = folder / fname
+        if file_sha256(path) != expected:
+            raise ConfigError(
+                f"{path}: SHA-256 differs from the official {release.title} release "
+                "(truncated or altered?); replace it with the official file"
+            )
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A file's bytes, gunzipped when it ends in .gz; a damaged file is one ConfigError line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
-    if raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+    try:
+        with opener(path, "rb") as fh:
+            return fh.read()
+    except (EOFError, OSError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ConfigError(
+            f"{path}: cannot read it ({reason}); replace it with a good copy"
+        ) from err
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one (optionally gzipped) IDX file of unsigned bytes into a numpy array."""
+    raw = _read_bytes(path)
+    if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
         raise ConfigError(f"{path}: not an IDX file of unsigned bytes")
     ndim = raw[3]
+    offset = 4 + 4 * ndim
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
+    if len(raw) < offset or len(raw) - offset != math.prod(dims):
         raise ConfigError(f"{path}: truncated IDX file")
-    return data.reshape(dims)
+    return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(dims)
 
 
 def _find_idx_dir(root: Path, folders: tuple[str, ...]) -> Path | None:
+    """The first of ``folders`` under ``root`` that holds all four IDX files."""
     for folder in folders:
         candidate = root / folder
         if all((candidate / f).is_file() for f in IDX_FILES.values()):
             return candidate
     return None
+
+
+def _missing_idx_files(name: str, root: Path, folders: tuple[str, ...]) -> ConfigError:
+    """One line for IDX files not found: the ones a folder holding some of them lacks, else all."""
+    for folder in folders:
+        candidate = root / folder
+        missing = [candidate / f for f in IDX_FILES.values() if not (candidate / f).is_file()]
+        if len(missing) < len(IDX_FILES):
+            paths = ", ".join(str(path) for path in missing)
+            return ConfigError(
+                f"{paths}: missing beside the other {name} files in {candidate}; "
+                "put the official file there"
+            )
+    files = ", ".join(IDX_FILES.values())
+    return ConfigError(
+        f"{name} not found: put {files} in {root / folders[0]} "
+        "(or set dataset.root / SSFL_DATA_DIR to the folder that holds it)"
+    )
 
 
 def _labeled(name: str, train_x, train_y, test_x, test_y) -> Dataset:
@@ -147,11 +254,9 @@ def _idx_loader(
             _download_torchvision(tv_class, root)
             found = _find_idx_dir(root, folders)
         if found is None:
-            files = ", ".join(IDX_FILES.values())
-            raise ConfigError(
-                f"{name} not found: put {files} in {root / folders[0]} "
-                "(or set dataset.root / SSFL_DATA_DIR to the folder that holds it)"
-            )
+            raise _missing_idx_files(name, root, folders)
+        if name in IDX_RELEASES:
+            verify_release(found, IDX_RELEASES[name])
         arrays = {key: read_idx(found / fname) for key, fname in IDX_FILES.items()}
         return _labeled(
             name,
