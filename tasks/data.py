@@ -158,8 +158,11 @@ def file_sha256(path: Path) -> str:
 @functools.lru_cache(maxsize=16)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     """The SHA-256 of the file at ``path``; size and mtime only key the cache."""
+    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def verify_release(folder: Path, release: IdxRelease) -> None:
