@@ -13,11 +13,13 @@ app = ClientApp()
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds (its id, also with its own data)."""
-    pid = node_from_config(context.node_config).partition_id
-    return Message(
-        content=RecordDict({"metrics": MetricRecord({"partition-id": pid})}), reply_to=msg
+    """Tell the server which partition this node holds (its id, also with its own data) and
+    whether it trains on its own folder (then the server cannot know its size)."""
+    node = node_from_config(context.node_config)
+    metrics = MetricRecord(
+        {"partition-id": node.partition_id, "own-data": int(bool(node.data_path))}
     )
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 @app.train()

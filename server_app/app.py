@@ -9,6 +9,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ssfl.experiment import default_out, from_run_config
 from ssfl.registry import method
+from strategies.loop import RunStalled
 from strategies.parts import ServerSide
 from tasks.partition import get_split
 from tasks.results import Recorder
@@ -27,5 +28,9 @@ def main(grid: Grid, context: Context) -> None:
     out = Path(str(context.run_config.get("out-dir", "")) or default_out(cfg))
     recorder = Recorder(out, cfg, split.summary)
     strategy = method(cfg["method"]).server_half().strategy(server, recorder.add_round)
-    strategy.start(grid, num_rounds=cfg["rounds"], timeout=cfg["federation"]["timeout_s"])
+    try:
+        strategy.start(grid, num_rounds=cfg["rounds"], timeout=cfg["federation"]["timeout_s"])
+    except RunStalled as err:
+        recorder.finish(failure=str(err))
+        raise
     recorder.finish()

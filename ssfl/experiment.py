@@ -39,6 +39,7 @@ EXECUTION_KEYS = (
     "dataset.root",
     "federation.min_clients",
     "federation.timeout_s",
+    "federation.max_failed_rounds",
     "simulation.num_cpus",
     "simulation.num_gpus",
 )

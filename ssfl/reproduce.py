@@ -1,8 +1,9 @@
 """``ssfl reproduce TABLE``: run a paper table's cells and write our numbers beside the paper's.
 
-Each cell is an experiment plus the column's overrides; a finished cell (a results.json
-in its folder made with the same resolved config) is reused, so an interrupted
-reproduction resumes where it stopped; a cell whose config changed is run again. With
+Each cell is an experiment plus the column's overrides; a finished cell (a completed
+run's results.json in its folder made with the same resolved config) is reused, so an
+interrupted reproduction resumes where it stopped; a cell whose config changed or whose
+run failed is run again. With
 ``--seeds`` each cell runs once per seed and the table gives mean ± std over the seeds.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from ssfl.experiment import check_data, resolve_experiment, same_config
 from ssfl.runner import run_simulation
 from tasks.config import ConfigError
-from tasks.results import load_results, plot_curves
+from tasks.results import completed, load_results, plot_curves
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,9 @@ def run_cell(
     if (out / "results.json").is_file():
         previous = load_results(out)
         if same_config(previous.get("config", {}), cfg):
-            return previous
-        if run:
+            if completed(previous):
+                return previous
+        elif run:
             print(f"ssfl reproduce: {out} has another config's results; rerun", file=sys.stderr)
     if not run:
         return None

@@ -37,7 +37,8 @@ APP_PACKAGES = ("server_app", "client_app", "strategies", "tasks", "ssfl")
 
 
 class RunFailed(RuntimeError):
-    """The Flower run did not complete, or wrote no results."""
+    """The Flower run did not complete, or wrote no results, or its results.json records
+    ``"status": "failed"``."""
 
 
 def free_port() -> int:
@@ -287,7 +288,10 @@ def submit_run(
     watch: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """``flwr run --stream`` of the app on a SuperLink connection; check the run's real
-    status and return its results.json, or raise RunFailed (also when ``watch`` does)."""
+    status and return its results.json, or raise RunFailed (also when ``watch`` does; with
+    the results' one-line ``failure`` when the run recorded it)."""
+    results = out / "results.json"
+    results.unlink(missing_ok=True)  # a previous run's file must not pass for this one's
     with tempfile.TemporaryDirectory(prefix="ssfl-app-") as stage:
         cmd = [
             flwr_bin("flwr"),
@@ -305,12 +309,14 @@ def submit_run(
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
         raise RunFailed(f"flwr run did not start the run: {last}")
     status = run_status(env, superlink, match.group(1))
+    recorded = json.loads(results.read_text()) if results.is_file() else None
+    if recorded is not None and recorded.get("status") == "failed":
+        raise RunFailed(recorded.get("failure") or f"the run failed; see {results}")
     if status != "finished:completed":
         raise RunFailed(f"run {match.group(1)} ended as {status}; see {out / 'flower.log'}")
-    results = out / "results.json"
-    if not results.is_file():
+    if recorded is None:
         raise RunFailed(f"the run completed but wrote no {results}")
-    return json.loads(results.read_text())
+    return recorded
 
 
 def run_simulation(

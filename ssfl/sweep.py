@@ -4,7 +4,7 @@ Each cell is the experiment with one combination of the grid's values, applied a
 the ``--set`` overrides. ``a.b+c.d=v1,v2`` ties keys: both take each value together
 (the SSFL benchmark's T is ``client.local_steps`` and ``server.local_steps`` at once).
 Every cell is resolved and its split built before any training, so a bad value fails
-first. A cell whose folder holds a results.json made with the same
+first. A cell whose folder holds a completed run's results.json made with the same
 resolved config is reused; any other cell is (re)run. Writes ``DIR/table.md`` (one row
 per cell), ``DIR/sweep.png`` (final accuracy against the first grid key, one line per
 combination of the other keys) and ``DIR/accuracy.png`` (every cell's curve).
@@ -19,7 +19,7 @@ from typing import Any
 
 from ssfl.experiment import check_data, resolve_experiment, same_config
 from tasks.config import ConfigError, parse_scalar
-from tasks.results import load_results, markdown_table, plot_curves, plot_sweep
+from tasks.results import completed, load_results, markdown_table, plot_curves, plot_sweep
 
 Cell = tuple[tuple[str, Any], ...]
 
@@ -61,11 +61,16 @@ def run_or_reuse(cfg: dict[str, Any], out: Path, label: str) -> dict[str, Any]:
     from ssfl.runner import run_simulation
 
     results = out / "results.json"
-    if results.is_file() and same_config(load_results(out).get("config", {}), cfg):
+    if results.is_file() and reusable(load_results(out), cfg):
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
         return load_results(out)
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
     return run_simulation(cfg, out, stream=False)
+
+
+def reusable(results: dict[str, Any], cfg: dict[str, Any]) -> bool:
+    """A completed run of the same config."""
+    return completed(results) and same_config(results.get("config", {}), cfg)
 
 
 def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:

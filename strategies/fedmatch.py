@@ -13,6 +13,7 @@ bytes sent beside the dense cost of one model per message.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from strategies.parts import (
     SupervisedTrainer,
     TestAccuracy,
     Update,
+    array_problem,
     to_record,
 )
 from tasks.aggregate import weighted_average
@@ -41,7 +43,14 @@ from tasks.decompose import (
     uploaded_parts,
 )
 from tasks.fedmatch import HelperIndex, is_helper_round, noise_input
-from tasks.sparse import Broadcast, decode, encode_changes, payload_arrays, payload_from
+from tasks.sparse import (
+    PAYLOAD_KEYS,
+    Broadcast,
+    decode,
+    encode_changes,
+    payload_arrays,
+    payload_from,
+)
 from tasks.train import LossFn, derive_seed
 
 
@@ -166,6 +175,28 @@ class SparseSync(DenseCodec):
         }
         buffers = {k[len(BUFFER) :]: v for k, v in arrays.items() if k.startswith(BUFFER)}
         return vectors, buffers
+
+    def validate(self, update: Update, global_state: Mapping[str, torch.Tensor]) -> str | None:
+        """Why a sparse reply is unusable (None: usable): every array must be a payload of an
+        uploaded part or one of the model's buffers (keys, shapes, dtypes, finite), and every
+        payload must decode against the public copy to finite values."""
+        record = update.content.array_records.get("arrays")
+        if record is None:
+            return "no 'arrays' record"
+        payloads = {f"{part}.{key}" for part in self.uploaded for key in PAYLOAD_KEYS}
+        unknown = sorted(k for k in record if not k.startswith(BUFFER) and k not in payloads)
+        if unknown:
+            return f"unknown arrays {unknown[:3]}"
+        buffers = {k[len(BUFFER) :]: v for k, v in record.items() if k.startswith(BUFFER)}
+        problem = array_problem(buffers, self.model.buffer_state())
+        if problem is not None:
+            return f"buffers: {problem}"
+        try:
+            vectors, _ = self.decode(update)
+        except (ValueError, RuntimeError, IndexError) as err:
+            return f"sparse payload does not decode ({err})"
+        bad = sorted(part for part, vector in vectors.items() if not torch.isfinite(vector).all())
+        return f"part '{bad[0]}' decodes to non-finite values" if bad else None
 
     def load_local(self, model: nn.Module, update: Update) -> None:
         """A client's model: its uploaded parts, the public copy of the others (sigma with

@@ -1,10 +1,12 @@
 """The one round loop every method runs, driving the parts the method picks.
 
 Per round: sample clients -> the codec encodes each client's message (its start model
-from the aggregator, the payloads) -> clients train -> failed replies are counted, the
-rest sorted by partition -> the server trains beside the clients (SSFL eq. 4-5) ->
-the aggregator builds the next global model -> the server trains the aggregate
-(FedSEAL eq. 3-4) -> payloads are recomputed -> the evaluator -> one results row.
+from the aggregator, the payloads) -> clients train -> failed replies are counted,
+malformed ones rejected, the rest sorted by partition -> the server trains beside the
+clients (SSFL eq. 4-5) -> the aggregator builds the next global model -> the server
+trains the aggregate (FedSEAL eq. 3-4) -> payloads are recomputed -> the evaluator ->
+one results row. federation.max_failed_rounds rounds in a row without an accepted
+update stop the run (:class:`RunStalled`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -44,6 +47,21 @@ from strategies.parts import (
 from tasks.train import derive_seed
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
+
+# A node with its own image folder (node-config data-path) holds images the server never
+# sees: its num-examples is bounded by this constant instead of a partition's size.
+OWN_DATA_MAX_EXAMPLES = 10_000_000
+
+
+class RunStalled(RuntimeError):
+    """federation.max_failed_rounds rounds in a row accepted no client update; the message
+    is one line naming the last round's failure reasons."""
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (a traceback's lines joined), at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 @dataclass
@@ -72,17 +90,34 @@ class RoundStats:
     replies: int = 0
     failures: int = 0
     failed_partitions: list[int] = field(default_factory=list)
+    rejections: list[tuple[int, str]] = field(default_factory=list)  # (partition, reason)
+    problems: list[str] = field(default_factory=list)  # "partition p: why", failed or rejected
+
+    def fail(self, pid: int, reason: str) -> None:
+        self.failures += 1
+        self.failed_partitions.append(pid)
+        self.problems.append(f"partition {pid}: {one_line(reason)}")
+
+    def reject(self, pid: int, reason: str) -> None:
+        self.rejections.append((pid, reason))
+        self.problems.append(f"partition {pid}: rejected, {reason}")
 
     def row(self) -> Metrics:
+        """The counters of the results row; the partition lists only when non-empty."""
         out: Metrics = {
             "bytes_s2c": self.bytes_s2c,
             "bytes_c2s": self.bytes_c2s,
             "bytes_c2s_dense": self.bytes_c2s_dense,
             "clients": self.replies,
             "failures": self.failures,
+            "rejected": len(self.rejections),
         }
         if self.failures:
-            out["failed_partitions"] = self.failed_partitions
+            out["failed_partitions"] = sorted(self.failed_partitions)
+        if self.rejections:
+            ordered = sorted(self.rejections)
+            out["rejected_partitions"] = [pid for pid, _ in ordered]
+            out["rejected_reasons"] = [reason for _, reason in ordered]
         return out
 
 
@@ -97,6 +132,7 @@ class RoundLoop(Strategy):
         self.parts = parts
         self.on_round = on_round
         self.nodes: dict[int, int] = {}
+        self.own_data: set[int] = set()  # partitions whose node trains on its own folder
         self.sampler = random.Random(derive_seed(self.cfg["seed"], "sampling"))
         self.config_json = json.dumps(self.cfg, sort_keys=True)
         self.scratch: nn.Module | None = None  # a copy of the model for clients' models
@@ -170,14 +206,21 @@ class RoundLoop(Strategy):
     def accept(
         self, server_round: int, replies: Iterable[Message], stats: RoundStats
     ) -> list[Update]:
-        """Count failed replies; the rest as updates sorted by partition, bytes counted."""
-        updates = []
+        """Count failed replies and reject malformed ones; the rest as updates sorted by
+        partition, their bytes counted (a rejected reply's are not)."""
+        updates: list[Update] = []
+        global_state = self.server.model.state_dict()
         for reply in replies:
+            pid = self.partition_of(reply.metadata.src_node_id)
             if reply.has_error():
-                pid = self.partition_of(reply.metadata.src_node_id)
-                stats.failures += 1
-                stats.failed_partitions.append(pid)
-                log.warning("round %d: client %s failed: %s", server_round, pid, reply.error.reason)
+                stats.fail(pid, reply.error.reason)
+                reason = one_line(reply.error.reason)
+                log.warning("round %d: client %s failed: %s", server_round, pid, reason)
+                continue
+            problem = self.problem(reply, pid, {u.pid for u in updates}, global_state)
+            if problem is not None:
+                stats.reject(pid, problem)
+                log.warning("round %d: reply of client %s rejected: %s", server_round, pid, problem)
                 continue
             updates.append(Update.of(reply))
         updates.sort(key=lambda u: u.pid)
@@ -189,6 +232,47 @@ class RoundLoop(Strategy):
                 int(extra) if extra is not None else dense_bytes(update.content)
             )
         return updates
+
+    # ----- Update validation (the reliability issue's rule 2) ---------------------------
+    def problem(
+        self, reply: Message, pid: int, accepted: set[int], global_state: dict[str, torch.Tensor]
+    ) -> str | None:
+        """Why a reply must not reach the aggregate (None: it may): its bookkeeping, then
+        its payload as the method's codec reads it."""
+        try:
+            return self.bookkeeping_problem(reply, pid, accepted) or self.parts.codec.validate(
+                Update.of(reply), global_state
+            )
+        except Exception as err:  # whatever a malformed reply breaks, it is rejected
+            return one_line(f"unreadable ({type(err).__name__}: {err})")
+
+    def bookkeeping_problem(self, reply: Message, pid: int, accepted: set[int]) -> str | None:
+        """The partition id the server mapped to the node, one reply per node, num-examples
+        an integer in [1, the partition's size]."""
+        metrics = reply.content.metric_records.get("metrics")
+        if metrics is None:
+            return "no 'metrics' record"
+        if pid < 0:
+            return f"node {reply.metadata.src_node_id} is not one of the run's nodes"
+        if pid in accepted:
+            return "a second reply from its node"
+        reported = metrics.get("partition-id")
+        if reported != pid:
+            return f"partition-id {reported!r}, but its node holds partition {pid}"
+        n, bound = metrics.get("num-examples"), self.max_examples(pid)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= bound:
+            return f"num-examples {n!r} outside [1, {bound}]"
+        return None
+
+    def max_examples(self, pid: int) -> int:
+        """The most examples partition ``pid`` may report: its size in the split (what every
+        client half counts: unlabeled plus labeled samples; a streamed chunk counts fewer),
+        or OWN_DATA_MAX_EXAMPLES for a node with its own folder (a size the server cannot
+        know). 0 for a partition the split does not have."""
+        if pid in self.own_data:
+            return OWN_DATA_MAX_EXAMPLES
+        clients = self.server.split.clients
+        return len(clients[pid]) if 0 <= pid < len(clients) else 0
 
     # ----- Sampling and node discovery -----------------------------------------------
     def sample_partitions(self, server_round: int) -> list[int]:
@@ -203,7 +287,8 @@ class RoundLoop(Strategy):
         return next((p for p, n in self.nodes.items() if n == node_id), -1)
 
     def discover(self, grid: Grid, timeout: float) -> dict[int, int]:
-        """Ask every node for its partition id (a QUERY round); wait for enough nodes."""
+        """Ask every node for its partition id (a QUERY round); wait for enough nodes. Nodes
+        that report training on their own folder go to ``own_data``."""
         fed = self.cfg["federation"]
         wanted = fed["min_clients"] or self.cfg["split"]["num_clients"]
         deadline = time.monotonic() + timeout
@@ -231,10 +316,13 @@ class RoundLoop(Strategy):
                     reply.error.reason,
                 )
                 continue
-            pid = int(reply.content["metrics"]["partition-id"])
+            metrics = reply.content["metrics"]
+            pid = int(metrics["partition-id"])
             if pid in nodes:
                 raise RuntimeError(f"two nodes report partition-id {pid}")
             nodes[pid] = reply.metadata.src_node_id
+            if metrics.get("own-data"):
+                self.own_data.add(pid)
         if not nodes:
             raise RuntimeError("no node answered the discovery query")
         return nodes
@@ -250,7 +338,10 @@ class RoundLoop(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Bootstrap, then per round: clients -> aggregate -> server step -> evaluate."""
+        """Bootstrap, then per round: clients -> aggregate -> server step -> evaluate.
+
+        Raises RunStalled after federation.max_failed_rounds rounds in a row without an
+        accepted client update (their rows recorded)."""
         self.summary()
         if initial_arrays is not None:
             self.server.load(initial_arrays)
@@ -260,9 +351,11 @@ class RoundLoop(Strategy):
         self.parts.trainer.bootstrap()
         self.update_payloads(0)
         result = Result()
+        limit, failed_in_a_row = self.cfg["federation"]["max_failed_rounds"], 0
         for rnd in range(1, num_rounds + 1):
             started = time.perf_counter()
-            row = self.run_round(rnd, grid, timeout)
+            stats = RoundStats()
+            row = self.run_round(rnd, grid, timeout, stats)
             row["seconds"] = time.perf_counter() - started
             if self.protocols.due(rnd, num_rounds):
                 row.update(self.protocols.evaluate(self.server.model, rnd))
@@ -270,12 +363,15 @@ class RoundLoop(Strategy):
                 {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
             )
             self.on_round(row)
+            progressed = stats.replies > 0 or self.parts.aggregator is None
+            failed_in_a_row = 0 if progressed else failed_in_a_row + 1
+            if failed_in_a_row == limit:
+                raise RunStalled(stalled_message(rnd, limit, stats))
         result.arrays = self.server.arrays()
         return result
 
-    def run_round(self, rnd: int, grid: Grid, timeout: float) -> dict[str, Any]:
-        """One round; returns its results row (without the wall time)."""
-        stats = RoundStats()
+    def run_round(self, rnd: int, grid: Grid, timeout: float, stats: RoundStats) -> dict[str, Any]:
+        """One round, counted in ``stats``; returns its results row (without the wall time)."""
         trainer, aggregator, codec = self.parts.trainer, self.parts.aggregator, self.parts.codec
         client_metrics: Metrics = {}
         server_metrics: Metrics = {}
@@ -360,6 +456,16 @@ class RoundLoop(Strategy):
             self.parts.codec.load_local(self.scratch, update)
             accuracies.append(self.parts.evaluator.evaluate(self.scratch)["test_accuracy"])
         return float(np.mean(accuracies))
+
+
+def stalled_message(rnd: int, limit: int, stats: RoundStats) -> str:
+    """One line: how many rounds failed and why the last one did."""
+    why = "; ".join(stats.problems) or "no client replied"
+    return one_line(
+        f"no client update accepted in {limit} rounds in a row (rounds {rnd - limit + 1}-{rnd}, "
+        f"federation.max_failed_rounds); round {rnd}: {why}",
+        limit=1000,
+    )
 
 
 class ServerHalf:

@@ -9,9 +9,9 @@ A method (``strategies/<method>.py``) picks one of each and hands them to
   chooses the model each client starts from (:class:`FedAvg`, :class:`AverageWithServer`
   of SSFL eq. 4-5, :class:`GroupedAverage` of eq. 7);
 - an **evaluator**: a dict of metrics of a model (:class:`TestAccuracy`);
-- a **payload codec**: which records travel each way and how replies are read
-  (:class:`DenseCodec` with optional extra :class:`Payload` records such as FedSEAL's
-  thresholds).
+- a **payload codec**: which records travel each way, how replies are read and which
+  replies are well formed (:class:`DenseCodec` with optional extra :class:`Payload`
+  records such as FedSEAL's thresholds).
 
 Parts hold their own state and return their metrics; nothing is passed through
 shared mutable attributes.
@@ -133,6 +133,28 @@ def dense_bytes(content: RecordDict) -> int:
         for rec in content.array_records.values()
         for arr in rec.values()
     )
+
+
+def array_problem(arrays: Mapping[str, Array], expected: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``arrays`` is not a state dict like ``expected`` (the reliability issue's rule 2:
+    exactly its keys, with the same shapes and dtypes, only finite values); None if it is."""
+    missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
+    if missing or extra:
+        return f"keys differ from the global model's (missing {missing[:3]}, extra {extra[:3]})"
+    for key, tensor in expected.items():
+        arr, dtype = arrays[key], numpy_dtype(tensor)
+        if tuple(arr.shape) != tuple(tensor.shape):
+            return f"'{key}' has shape {tuple(arr.shape)}, expected {tuple(tensor.shape)}"
+        if arr.dtype != dtype:
+            return f"'{key}' has dtype {arr.dtype}, expected {dtype}"
+        if not np.isfinite(arr.numpy()).all():
+            return f"'{key}' holds non-finite values"
+    return None
+
+
+def numpy_dtype(tensor: torch.Tensor) -> str:
+    """The dtype name an ArrayRecord gives ``tensor`` (e.g. float32, int64)."""
+    return str(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
 
 
 @dataclass(frozen=True)
@@ -461,3 +483,11 @@ class DenseCodec:
     def load_local(self, model: nn.Module, update: Update) -> None:
         """Load the model client ``update.pid`` trained into ``model``."""
         model.load_state_dict(update.content["arrays"].to_torch_state_dict())
+
+    def validate(self, update: Update, global_state: Mapping[str, torch.Tensor]) -> str | None:
+        """Why the reply's model is unusable (None: usable): its ``arrays`` must hold exactly
+        the global model's keys, shapes and dtypes, and only finite values."""
+        record = update.content.array_records.get("arrays")
+        if record is None:
+            return "no 'arrays' record"
+        return array_problem(record, global_state)

@@ -102,8 +102,14 @@ DEFAULTS: dict[str, Any] = {
         "cycles": 0.4375,
         "floor": 0.0001,
     },
-    # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes.
-    "federation": {"clients_per_round": 0, "min_clients": 0, "timeout_s": 3600.0},
+    # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes;
+    # max_failed_rounds rounds in a row without an accepted client update stop the run.
+    "federation": {
+        "clients_per_round": 0,
+        "min_clients": 0,
+        "timeout_s": 3600.0,
+        "max_failed_rounds": 3,
+    },
     "simulation": {"num_cpus": 1, "num_gpus": 0.0},
     # local_models: also record local_accuracy, the clients' trained models' mean test
     # accuracy each round (FedMatch Table 2's metric).
@@ -291,6 +297,7 @@ MINIMUM: dict[str, float] = {
     "client.proximal_mu": 0,
     "federation.clients_per_round": 0,
     "federation.min_clients": 0,
+    "federation.max_failed_rounds": 1,
     "simulation.num_gpus": 0,
     "server.local_steps": 0,
     "client.local_steps": 0,

@@ -50,9 +50,13 @@ class Recorder:
             row["seconds"],
         )
 
-    def results(self) -> dict[str, Any]:
+    def results(self, failure: str | None = None) -> dict[str, Any]:
+        """The run's record; ``failure``: the one line of a run that stopped (rule 3 of the
+        reliability issue), None for a completed run."""
         accs = [r["test_accuracy"] for r in self.rows]
         return {
+            "status": "failed" if failure else "completed",
+            **({"failure": failure} if failure else {}),
             "method": self.cfg["method"],
             "name": self.cfg["name"],
             "dataset": self.cfg["dataset"]["name"],
@@ -75,9 +79,9 @@ class Recorder:
         last = self.rows[-1] if self.rows else {}
         return {f"final_{k}": last[k] for k in FINAL_OF_LAST_ROUND if k in last}
 
-    def finish(self) -> dict[str, Any]:
-        """Write results.json and accuracy.png; return the results."""
-        results = self.results()
+    def finish(self, failure: str | None = None) -> dict[str, Any]:
+        """Write results.json and accuracy.png; return the results (see ``results``)."""
+        results = self.results(failure)
         (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
         plot_curves([results], self.out_dir / "accuracy.png")
         return results
@@ -91,6 +95,11 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no results.json at {path}")
     return json.loads(path.read_text())
+
+
+def completed(results: Mapping[str, Any]) -> bool:
+    """Whether a results.json is of a completed run (files from before runs could fail are)."""
+    return results.get("status", "completed") == "completed"
 
 
 def run_label(results: Mapping[str, Any]) -> str:

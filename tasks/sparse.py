@@ -23,6 +23,7 @@ import torch
 # A payload: {"idx": flat indices, "val": values}, {"mask": packed bits, "val": values}
 # or {"dense": all values}.
 Payload = dict[str, np.ndarray]
+PAYLOAD_KEYS = ("dense", "idx", "mask", "val")
 
 
 def changed(new: torch.Tensor, ref: torch.Tensor, delta: float) -> torch.Tensor:
@@ -77,8 +78,8 @@ def decode(ref: torch.Tensor | None, payload: Mapping[str, np.ndarray], numel: i
         idx = torch.from_numpy(np.flatnonzero(bits))
     else:
         idx = torch.from_numpy(np.asarray(payload["idx"]).astype(np.int64))
-    if idx.numel() and int(idx.max()) >= numel:
-        raise ValueError(f"sparse payload indexes element {int(idx.max())} of {numel}")
+    if idx.numel() and not 0 <= int(idx.min()) <= int(idx.max()) < numel:
+        raise ValueError(f"sparse payload indexes outside the {numel} elements")
     out = ref.detach().reshape(-1).float().cpu().clone()
     out[idx] = torch.from_numpy(np.asarray(payload["val"], dtype=np.float32).copy())
     return out
