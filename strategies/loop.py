@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -58,6 +59,19 @@ class RunStalled(RuntimeError):
     is one line naming the last round's failure reasons."""
 
 
+# A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".
+EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]*\.)?(\w*(?:Error|Exception|Exit|Interrupt)): (\S.*)$")
+
+
+def failure_cause(reason: str) -> str:
+    """A failed client's reason cut to its cause: the last exception line with a message in
+    the traceback Flower relays (Ray wraps the client's own error), else the whole text."""
+    causes = [
+        m.group(1) + ": " + m.group(2) for m in map(EXCEPTION_LINE.match, reason.splitlines()) if m
+    ]
+    return one_line(causes[-1] if causes else reason)
+
+
 def one_line(text: str, limit: int = 300) -> str:
     """``text`` on one line (a traceback's lines joined), at most ``limit`` characters."""
     flat = " ".join(str(text).split())
@@ -91,16 +105,16 @@ class RoundStats:
     failures: int = 0
     failed_partitions: list[int] = field(default_factory=list)
     rejections: list[tuple[int, str]] = field(default_factory=list)  # (partition, reason)
-    problems: list[str] = field(default_factory=list)  # "partition p: why", failed or rejected
+    problems: list[tuple[int, str]] = field(default_factory=list)  # failed or rejected, why
 
     def fail(self, pid: int, reason: str) -> None:
         self.failures += 1
         self.failed_partitions.append(pid)
-        self.problems.append(f"partition {pid}: {one_line(reason)}")
+        self.problems.append((pid, failure_cause(reason)))
 
     def reject(self, pid: int, reason: str) -> None:
         self.rejections.append((pid, reason))
-        self.problems.append(f"partition {pid}: rejected, {reason}")
+        self.problems.append((pid, f"rejected, {reason}"))
 
     def row(self) -> Metrics:
         """The counters of the results row; the partition lists only when non-empty."""
@@ -214,7 +228,7 @@ class RoundLoop(Strategy):
             pid = self.partition_of(reply.metadata.src_node_id)
             if reply.has_error():
                 stats.fail(pid, reply.error.reason)
-                reason = one_line(reply.error.reason)
+                reason = failure_cause(reply.error.reason)
                 log.warning("round %d: client %s failed: %s", server_round, pid, reason)
                 continue
             problem = self.problem(reply, pid, {u.pid for u in updates}, global_state)
@@ -460,7 +474,8 @@ class RoundLoop(Strategy):
 
 def stalled_message(rnd: int, limit: int, stats: RoundStats) -> str:
     """One line: how many rounds failed and why the last one did."""
-    why = "; ".join(stats.problems) or "no client replied"
+    why = "; ".join(f"partition {pid}: {text}" for pid, text in sorted(stats.problems))
+    why = why or "no client replied"
     return one_line(
         f"no client update accepted in {limit} rounds in a row (rounds {rnd - limit + 1}-{rnd}, "
         f"federation.max_failed_rounds); round {rnd}: {why}",

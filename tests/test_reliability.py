@@ -16,7 +16,7 @@ from ssfl.cli import main
 from ssfl.experiment import resolve_config
 from ssfl.runner import RunFailed, submit_run
 from ssfl.sweep import reusable
-from strategies.loop import RunStalled
+from strategies.loop import RunStalled, failure_cause
 from strategies.parts import numpy_state
 from tasks.config import ConfigError
 from tasks.results import Recorder
@@ -277,3 +277,18 @@ def test_cli_run_that_stalls_exits_1_with_one_line(tmp_path, monkeypatch, capsys
     code = main(["run", str(experiment), "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 1
     assert capsys.readouterr().err.splitlines()[-1] == f"ssfl: run failed: {FAILURE}"
+
+
+def test_a_failed_clients_reason_is_cut_to_its_cause():
+    relayed = (
+        "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run()\n"
+        '  File "client_app/base.py", line 216, in optimizer\n'
+        '    raise ValueError(f"Invalid learning rate: {lr}")\n'
+        "ValueError: Invalid learning rate: -1.0\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "flwr.clientapp.client_app.ClientAppException: \n"
+        "Exception ClientAppException occurred. Message: Invalid learning rate: -1.0'>"
+    )
+    assert failure_cause(relayed) == "ValueError: Invalid learning rate: -1.0"
+    assert failure_cause("RuntimeError: injected") == "RuntimeError: injected"
+    assert failure_cause("the node went away\nfor good") == "the node went away for good"
