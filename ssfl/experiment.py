@@ -23,6 +23,7 @@ from tasks.config import (
     read_yaml,
     resolve,
 )
+from tasks.results import completed, load_results
 
 # Client options a client half may leave out of its ``honours`` set, with the value
 # that means "off": any other value is refused for such a method.
@@ -131,6 +132,21 @@ def same_config(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
         return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
 
     return comparable(recorded) == comparable(cfg)
+
+
+def reusable(results: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    """Whether a results.json is of a completed run of this config (sweep and reproduce
+    reuse such a run instead of training again)."""
+    return completed(results) and same_config(results.get("config", {}), cfg)
+
+
+def reusable_run(out: Path, cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The results of ``out`` when :func:`reusable` for ``cfg``; None when there are none
+    or they are of another config or an unfinished run."""
+    if not (out / "results.json").is_file():
+        return None
+    results = load_results(out)
+    return results if reusable(results, cfg) else None
 
 
 def default_out(cfg: Mapping[str, Any]) -> Path:

@@ -13,9 +13,8 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 
 import ssfl.runner
 from ssfl.cli import main
-from ssfl.experiment import resolve_config
+from ssfl.experiment import resolve_config, reusable
 from ssfl.runner import RunFailed, submit_run
-from ssfl.sweep import reusable
 from strategies.loop import RunStalled, failure_cause
 from strategies.parts import numpy_state
 from tasks.config import ConfigError
