@@ -45,6 +45,7 @@ from strategies.parts import (
     mean_metrics,
     record_bytes,
 )
+from tasks.config import Range
 from tasks.train import derive_seed
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
@@ -493,6 +494,11 @@ class ServerHalf:
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Method-specific defaults merged over tasks.config.DEFAULTS (algo keys included)."""
+        return {}
+
+    @classmethod
+    def rules(cls) -> dict[str, Range]:
+        """The range of each numeric key ``defaults`` adds (beside tasks.config.RULES)."""
         return {}
 
     @classmethod

@@ -38,7 +38,7 @@ def test_algo_keys_are_per_method():
         ({"model": {"name": "vgg"}}, r"'model.name': 'vgg' is not one of .*small_cnn"),
         ({"split": {"partitioner": "zipf"}}, r"'split.partitioner'.*iid"),
         ({"dataset": {"name": "imagenet"}}, r"'dataset.name'.*fashion_mnist"),
-        ({"rounds": 0}, r"'rounds': must be >= 1"),
+        ({"rounds": 0}, r"'rounds': must be in \[1, 100000\], got 0$"),
         ({"split": {"target_r": 1.5}}, r"target_r"),
         ({"method": "fedseal", "algo": {"theta": 1.5}}, r"'algo.theta': must be in \[0, 1\]"),
         ({"method": "fedseal", "algo": {"tau_max": -0.1}}, r"'algo.tau_max'"),
