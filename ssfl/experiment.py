@@ -47,14 +47,15 @@ EXECUTION_KEYS = (
 
 def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Validate a raw experiment mapping: defaults, types, ranges, the method's checks."""
-    from tasks.data import DATASETS
-    from tasks.models import MODELS
+    from tasks.data import DATASETS, dataset_info
+    from tasks.models import MODELS, check_head_size
 
     name = raw.get("method", DEFAULTS["method"])
     spec = method(name)
     server = spec.server_half()
     choices = {"dataset.name": tuple(sorted(DATASETS)), "model.name": tuple(sorted(MODELS))}
     cfg = resolve(raw, server.defaults(), choices, server.rules())
+    check_head_size(cfg["model"]["head_size"], dataset_info(cfg["dataset"]["name"]).num_classes)
     check_client_options(name, cfg, spec.client_half())
     check_ssl_heads(name, cfg, server.ssl_heads)
     server.check_config(cfg)

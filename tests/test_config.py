@@ -40,6 +40,7 @@ def test_algo_keys_are_per_method():
         ({"dataset": {"name": "imagenet"}}, r"'dataset.name'.*fashion_mnist"),
         ({"rounds": 0}, r"'rounds': must be in \[1, 100000\], got 0$"),
         ({"split": {"target_r": 1.5}}, r"target_r"),
+        ({"model": {"head_size": 5}}, r"'model.head_size': 5 outputs cannot hold the 10"),
         ({"method": "fedseal", "algo": {"theta": 1.5}}, r"'algo.theta': must be in \[0, 1\]"),
         ({"method": "fedseal", "algo": {"tau_max": -0.1}}, r"'algo.tau_max'"),
         ({"method": "fedseal", "algo": {"lambda_ramp_rounds": -1}}, r"lambda_ramp_rounds"),
