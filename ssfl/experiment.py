@@ -48,18 +48,29 @@ EXECUTION_KEYS = (
 
 def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Validate a raw experiment mapping: defaults, types, ranges, the method's checks."""
-    from tasks.data import DATASETS
-    from tasks.models import MODELS
+    from tasks.data import DATASETS, dataset_info
+    from tasks.models import MODELS, check_head_size
 
     name = raw.get("method", DEFAULTS["method"])
     spec = method(name)
     server = spec.server_half()
     choices = {"dataset.name": tuple(sorted(DATASETS)), "model.name": tuple(sorted(MODELS))}
-    cfg = resolve(raw, server.defaults(), choices)
+    cfg = resolve(raw, server.defaults(), choices, server.rules())
+    check_head_size(cfg["model"]["head_size"], dataset_info(cfg["dataset"]["name"]).num_classes)
     check_client_options(name, cfg, spec.client_half())
     check_ssl_heads(name, cfg, server.ssl_heads)
     server.check_config(cfg)
+    check_clients_train(name, cfg, spec.client_half())
     return cfg
+
+
+def check_clients_train(name: str, cfg: Mapping[str, Any], client: Any) -> None:
+    """Refuse a round in which a method's clients would not train at all."""
+    if client is not None and cfg["client"]["epochs"] == 0 and cfg["client"]["local_steps"] == 0:
+        raise ConfigError(
+            f"config keys 'client.epochs' and 'client.local_steps': {name!r} trains on its "
+            "clients; one of them must be > 0"
+        )
 
 
 def check_ssl_heads(name: str, cfg: Mapping[str, Any], trained: frozenset[str]) -> None:

@@ -290,4 +290,6 @@ def test_a_failed_clients_reason_is_cut_to_its_cause():
     )
     assert failure_cause(relayed) == "ValueError: Invalid learning rate: -1.0"
     assert failure_cause("RuntimeError: injected") == "RuntimeError: injected"
+    deployed = "<class 'tasks.config.ConfigError'>:<'data-path '/n0': cannot read x.png (bad)'>"
+    assert failure_cause(deployed) == "ConfigError: data-path '/n0': cannot read x.png (bad)"
     assert failure_cause("the node went away\nfor good") == "the node went away for good"
