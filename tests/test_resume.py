@@ -38,11 +38,12 @@ from tests.test_e2e import ssfl_run
 # Per method, what makes its cross-round state matter within 4 rounds.
 METHOD_SETTINGS: dict[str, dict] = {
     "fedmatch": {"algo": {"helper_interval": 3, "num_helpers": 1}},
-    "fedrgd": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 2}},
-    "fedavg_with_server": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 2}},
+    "fedrgd": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 1}},
+    "fedavg_with_server": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 1}},
     "fedsup": {"eval": {"protocol_every": 3, "finetune_epochs": 1, "linear_epochs": 1}},
     "fedseal": {"client": {"keep_momentum": True}, "server": {"keep_momentum": True}},
 }
+STEP_METHODS = ("fedrgd", "fedavg_with_server")  # rounds of T steps (SSFL benchmark eq. 2)
 
 
 def tiny_raw(method: str) -> dict:
@@ -50,20 +51,16 @@ def tiny_raw(method: str) -> dict:
     raw = {
         "method": method,
         "rounds": 4,
-        "dataset": {
-            "name": "synthetic28",
-            "synthetic_train_size": 600,
-            "synthetic_test_size": 100,
-        },
+        "dataset": {"name": "synthetic28", "synthetic_train_size": 400, "synthetic_test_size": 60},
         "split": {
-            "labeled_per_class": 4,
+            "labeled_per_class": 3,
             "val_size": 20,
-            "test_size": 100,
+            "test_size": 60,
             "num_clients": 3,
-            "client_size": 60,
+            "client_size": 30,
         },
-        "server": {"bootstrap_epochs": 1, "epochs": 1},
-        "client": {"local_steps": 2} if method in ("fedrgd", "fedavg_with_server") else {},
+        "server": {"bootstrap_epochs": 1, "epochs": 1, "batch_size": 16},
+        "client": {"batch_size": 16, **({"local_steps": 1} if method in STEP_METHODS else {})},
         "federation": {"clients_per_round": 2},
     }
     for key, values in METHOD_SETTINGS.get(method, {}).items():
