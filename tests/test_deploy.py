@@ -58,6 +58,8 @@ def test_node_config_round_trips_through_flowers_parser():
     assert parse_config_args([node_config(1, 2)]) == {"partition-id": 1, "num-partitions": 2}
     parsed = parse_config_args([node_config(0, 2, "/data/my images")])
     assert parsed == {"partition-id": 0, "num-partitions": 2, "data-path": "/data/my images"}
+    parsed = parse_config_args([node_config(1, 2, state_path="/srv/state")])
+    assert parsed == {"partition-id": 1, "num-partitions": 2, "state-path": "/srv/state"}
 
 
 def test_node_data_option(tmp_path):

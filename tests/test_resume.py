@@ -47,19 +47,19 @@ STEP_METHODS = ("fedrgd", "fedavg_with_server")  # rounds of T steps (SSFL bench
 
 
 def tiny_raw(method: str) -> dict:
-    """Four short rounds on synthetic data, 2 of 3 clients sampled a round."""
+    """Four rounds of one batch on synthetic data, 2 of 3 clients sampled a round."""
     raw = {
         "method": method,
         "rounds": 4,
-        "dataset": {"name": "synthetic28", "synthetic_train_size": 400, "synthetic_test_size": 60},
+        "dataset": {"name": "synthetic28", "synthetic_train_size": 300, "synthetic_test_size": 40},
         "split": {
-            "labeled_per_class": 3,
+            "labeled_per_class": 2,
             "val_size": 20,
-            "test_size": 60,
+            "test_size": 40,
             "num_clients": 3,
-            "client_size": 30,
+            "client_size": 16,
         },
-        "server": {"bootstrap_epochs": 1, "epochs": 1, "batch_size": 16},
+        "server": {"bootstrap_epochs": 1, "epochs": 1, "batch_size": 20},
         "client": {"batch_size": 16, **({"local_steps": 1} if method in STEP_METHODS else {})},
         "federation": {"clients_per_round": 2},
     }
