@@ -19,7 +19,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,14 +245,22 @@ class RoundLoop(Strategy):
         return out
 
     def accept(
-        self, server_round: int, replies: Iterable[Message], stats: RoundStats
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        stats: RoundStats,
+        sent: Mapping[str, int] | None = None,
     ) -> list[Update]:
         """Count failed replies and reject malformed ones; the rest as updates sorted by
-        partition, their bytes counted (a rejected reply's are not)."""
+        partition, their bytes counted (a rejected reply's are not). ``sent``: the partition
+        of each sent message by id, for error replies the SuperLink makes in a node's place
+        (a node that stopped answering: Flower's NODE_UNAVAILABLE)."""
         updates: list[Update] = []
         global_state = self.server.model.state_dict()
         for reply in replies:
             pid = self.partition_of(reply.metadata.src_node_id)
+            if pid < 0 and reply.has_error():
+                pid = (sent or {}).get(reply.metadata.reply_to_message_id, pid)
             if reply.has_error():
                 stats.fail(pid, reply.error.reason)
                 reason = failure_cause(reply.error.reason)
@@ -461,7 +469,7 @@ class RoundLoop(Strategy):
             messages = self.messages(rnd, self.server.arrays(), stats)
             round_metrics.update(self.sparse_metrics("s2c", stats.bytes_s2c, len(messages)))
             replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-            updates = self.accept(rnd, replies, stats)
+            updates = self.accept(rnd, replies, stats, self.sent_ids(messages))
         if trainer.beside_clients:
             server_metrics = trainer.train(rnd)
         if aggregator is not None:
@@ -502,6 +510,10 @@ class RoundLoop(Strategy):
 
     def sent(self, messages: list[Message]) -> set[int]:
         return {self.partition_of(m.metadata.dst_node_id) for m in messages}
+
+    def sent_ids(self, messages: list[Message]) -> dict[str, int]:
+        """The partition of each sent message by the id the grid gave it when sending."""
+        return {m.metadata.message_id: self.partition_of(m.metadata.dst_node_id) for m in messages}
 
     def sparse_metrics(self, direction: str, sent: int, dense: int) -> Metrics:
         """For a codec that sends less than dense models: the dense cost and the ratio.
