@@ -22,6 +22,7 @@ from strategies.parts import numpy_state
 from tasks.config import ConfigError
 from tasks.results import Recorder
 from tests.harness import InProcessGrid, build_strategy, run_method
+from tests.test_resume import tiny_raw
 
 Tamper = Callable[[dict[str, np.ndarray], dict], None]
 
@@ -306,8 +307,9 @@ def test_cli_run_that_stalls_exits_1_with_one_line(tmp_path, monkeypatch, capsys
     assert capsys.readouterr().err.splitlines()[-1] == f"ssfl: run failed: {FAILURE}"
 
 
-def test_a_dead_nodes_failure_counts_for_its_partition(synthetic_raw):
-    rows, _ = run_method({**synthetic_raw, "rounds": 1}, DeadNodeGrid(3, dead=2))
+def test_a_dead_nodes_failure_counts_for_its_partition():
+    raw = {**tiny_raw("fedavg_fixmatch"), "rounds": 1, "federation": {"clients_per_round": 0}}
+    rows, _ = run_method(raw, DeadNodeGrid(3, dead=2))
     assert [(r["failures"], r["failed_partitions"], r["clients"]) for r in rows] == [(1, [2], 2)]
 
 
