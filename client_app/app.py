@@ -1,4 +1,5 @@
-"""ClientApp: dispatches each TRAIN message to the method's client half."""
+"""ClientApp: dispatches each TRAIN message to the method's client half; the node's
+context.state is persisted per round (client_app/state.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
+from client_app.state import restore_state, save_state, state_folder
 from ssfl.registry import method
 
 app = ClientApp()
@@ -30,5 +32,12 @@ def train(msg: Message, context: Context) -> Message:
     if client_class is None:
         raise ValueError(f"method {cfg['method']!r} has no client half")
     node = node_from_config(context.node_config)
+    folder = state_folder(context.node_config, context.run_config, node.partition_id)
+    server_round = int(msg.content["config"]["round"])
+    if folder is not None:
+        restore_state(context.state, folder, server_round)
     half = client_class(msg.content, context.state, node.partition_id, node.data_path)
-    return Message(content=half.reply(), reply_to=msg)
+    content = half.reply()
+    if folder is not None:
+        save_state(context.state, folder, server_round)
+    return Message(content=content, reply_to=msg)

@@ -1,4 +1,5 @@
-"""ServerApp: read the experiment, build the server's data and model, run the strategy."""
+"""ServerApp: read the experiment, build the server's data and model, run the strategy; a
+checkpoint after every round in the output folder, resumed from with run-config resume."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ssfl.experiment import default_out, from_run_config
 from ssfl.registry import method
 from strategies.loop import RunStalled
 from strategies.parts import ServerSide
+from tasks.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from tasks.partition import get_split
 from tasks.results import Recorder
 from tasks.train import resolve_device
@@ -28,6 +30,10 @@ def main(grid: Grid, context: Context) -> None:
     out = Path(str(context.run_config.get("out-dir", "")) or default_out(cfg))
     recorder = Recorder(out, cfg, split.summary)
     strategy = method(cfg["method"]).server_half().strategy(server, recorder.add_round)
+    strategy.checkpoint_path = out / CHECKPOINT_FILE
+    if context.run_config.get("resume"):
+        strategy.resume_from(load_checkpoint(strategy.checkpoint_path))
+        recorder.resume(strategy.rows)
     try:
         strategy.start(grid, num_rounds=cfg["rounds"], timeout=cfg["federation"]["timeout_s"])
     except RunStalled as err:

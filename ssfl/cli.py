@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import check_data, default_out, resolve_experiment
+from ssfl.experiment import check_data, check_resumable, default_out, resolve_experiment
 from tasks.config import ConfigError
 
 
@@ -20,11 +20,12 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
     out = Path(args.out) if args.out else default_out(cfg)
     toml_str(str(out.resolve()))  # a path Flower's run-config cannot carry fails here
+    resumed = f", resumed after round {check_resumable(out, cfg)}" if args.resume else ""
     summary = check_data(cfg)
     print(
         f"ssfl: {cfg['method']} on {cfg['dataset']['name']} ({summary['partitioner']}, "
         f"R={summary['noniid_r']:.3f}), {cfg['split']['num_clients']} clients, "
-        f"{cfg['rounds']} rounds -> {out}",
+        f"{cfg['rounds']} rounds{resumed} -> {out}",
         file=sys.stderr,
     )
     return cfg, out
@@ -43,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg, out = prepare(args)
     try:
-        results = run_simulation(cfg, out, stream=not args.quiet)
+        results = run_simulation(cfg, out, stream=not args.quiet, resume=args.resume)
     except RunFailed as err:
         print(f"ssfl: run failed: {err}", file=sys.stderr)
         return 1
@@ -72,7 +73,9 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
     cfg, out = prepare(args)
     node_data = parse_node_data(args.node_data or [], cfg["split"]["num_clients"])
     try:
-        results = run_deployment(cfg, out, node_data=node_data, stream=not args.quiet)
+        results = run_deployment(
+            cfg, out, node_data=node_data, stream=not args.quiet, resume=args.resume
+        )
     except RunFailed as err:
         print(f"ssfl: deployment failed: {err}", file=sys.stderr)
         return 1
@@ -152,6 +155,12 @@ def add_experiment_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="output folder (default runs/<name>-<time>)")
     parser.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the last complete round of the run in --out (same experiment and "
+        "options); numbers as if never interrupted",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,6 +27,7 @@ from ssfl.runner import (
     flwr_env,
     free_port,
     http_ok,
+    prepare_out,
     start_process,
     stop_process,
     submit_run,
@@ -34,14 +35,22 @@ from ssfl.runner import (
     wait_until,
     write_resolved,
 )
+from tasks.checkpoint import CLIENT_STATE_DIR
 
 SUPERLINK = "deploy-local"  # the Flower CLI's name for the SuperLink connection
 
 
-def node_config(partition_id: int, num_partitions: int, data_path: str = "") -> str:
-    """A SuperNode's --node-config: its partition, or its own folder of images too."""
+def node_config(
+    partition_id: int, num_partitions: int, data_path: str = "", state_path: str = ""
+) -> str:
+    """A SuperNode's --node-config: its partition, or its own folder of images too, and the
+    folder where it persists its context.state (client_app/state.py)."""
     config = f"partition-id={partition_id} num-partitions={num_partitions}"
-    return f"{config} data-path={toml_str(data_path)}" if data_path else config
+    if data_path:
+        config += f" data-path={toml_str(data_path)}"
+    if state_path:
+        config += f" state-path={toml_str(state_path)}"
+    return config
 
 
 @dataclass
@@ -205,15 +214,18 @@ def run_deployment(
     node_data: Mapping[int, str] | None = None,
     stream: bool = True,
     app_dir: Path = APP_DIR,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run a resolved experiment on a local deployment of ``split.num_clients`` SuperNodes.
 
     Node k holds partition k of ``split.num_clients``, or, when ``node_data`` maps k to a
-    folder, that folder's unlabeled images. Returns the results, or raises RunFailed when
-    the run fails or a process dies.
+    folder, that folder's unlabeled images; its state-path is ``out/client-state``.
+    ``resume``: go on from the checkpoint in ``out``. Returns the results, or raises
+    RunFailed when the run fails or a process dies.
     """
     out = Path(out).resolve()
     exp = write_resolved(cfg, out)
+    prepare_out(out, resume)
     num_nodes = cfg["split"]["num_clients"]
     home = Path(tempfile.mkdtemp(prefix="ssfl-deploy-"))
     deployment = LocalDeployment.create(home, out / "logs")
@@ -222,7 +234,8 @@ def run_deployment(
         keys = [make_node_key(home / "keys", f"node{k}") for k in range(num_nodes)]
         deployment.register([public for _, public in keys])
         for k, (private, _) in enumerate(keys):
-            config = node_config(k, num_nodes, (node_data or {}).get(k, ""))
+            data_path = (node_data or {}).get(k, "")
+            config = node_config(k, num_nodes, data_path, str(out / CLIENT_STATE_DIR))
             threads = cfg["simulation"]["num_cpus"]
             deployment.start_node(f"supernode-{k}", private, config, threads)
         # The ServerApp waits until all nodes are connected; a process that dies meanwhile
@@ -235,6 +248,7 @@ def run_deployment(
             stream=stream,
             app_dir=app_dir,
             watch=deployment.check_alive,
+            resume=resume,
         )
         deployment.check_alive()
         return results

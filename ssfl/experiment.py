@@ -128,7 +128,13 @@ def check_data(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def same_config(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
-    """Whether a results.json's config is this config (execution keys aside).
+    """Whether a results.json's config is this config (execution keys aside)."""
+    return not config_differences(recorded, cfg)
+
+
+def config_differences(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+    """The dotted keys whose values differ between a recorded config and ``cfg``, execution
+    keys aside (["<recorded config>"] when the recorded one no longer resolves).
 
     The recorded config is resolved again first, so keys added to the defaults since
     the run compare equal when the new config keeps their default value.
@@ -136,13 +142,35 @@ def same_config(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     try:
         recorded = resolve_config(json.loads(json.dumps(recorded)))
     except ConfigError:
-        return False
+        return ["<recorded config>"]
 
     def comparable(c: Mapping[str, Any]) -> dict[str, Any]:
         flat = flatten(json.loads(json.dumps(c)))
         return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
 
-    return comparable(recorded) == comparable(cfg)
+    old, new = comparable(recorded), comparable(cfg)
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def check_resumable(out: Path, cfg: Mapping[str, Any]) -> int:
+    """The round a run in ``out`` can resume from with ``cfg`` (its checkpoint's); a
+    ConfigError when there is no readable checkpoint or its config differs (keys named)."""
+    from tasks.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+
+    path = Path(out) / CHECKPOINT_FILE
+    try:
+        checkpoint = load_checkpoint(path)
+    except CheckpointError as err:
+        raise ConfigError(
+            f"--resume: {err}; resume needs the --out of a run that completed a round"
+        ) from err
+    differ = config_differences(json.loads(checkpoint["config"]), cfg)
+    if differ:
+        raise ConfigError(
+            f"--resume: the config differs from the checkpoint's ({path}) in {', '.join(differ)}; "
+            "resume with the same experiment and options, or start over without --resume"
+        )
+    return int(checkpoint["round"])
 
 
 def reusable(results: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:

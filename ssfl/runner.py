@@ -30,6 +30,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from tasks.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_DIR
+
 APP_DIR = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
 # The app's packages: pyproject.toml's wheel packages (a test keeps the two equal).
@@ -257,9 +259,24 @@ def run_status(env: Mapping[str, str], superlink: str, run_id: str) -> str:
     return match.group(1) if match else f"unknown ({proc.stdout.strip()[-200:]})"
 
 
-def run_config_arg(exp: Path, out: Path) -> str:
-    """The app's --run-config: the resolved experiment file and the results folder."""
-    return f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}"
+def run_config_arg(exp: Path, out: Path, resume: bool = False, client_state: str = "") -> str:
+    """The app's --run-config: the resolved experiment file, the results folder, whether to
+    resume from its checkpoint, and where simulated clients persist their state."""
+    arg = f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}"
+    if resume:
+        arg += " resume=true"
+    if client_state:
+        arg += f" client-state-dir={toml_str(client_state)}"
+    return arg
+
+
+def prepare_out(out: Path, resume: bool) -> None:
+    """A fresh run starts from nothing: a previous run's checkpoint and client state in
+    ``out`` are removed (a resumed run keeps them)."""
+    if resume:
+        return
+    (out / CHECKPOINT_FILE).unlink(missing_ok=True)
+    shutil.rmtree(out / CLIENT_STATE_DIR, ignore_errors=True)
 
 
 def stage_app(app_dir: Path, dest: Path) -> Path:
@@ -286,6 +303,8 @@ def submit_run(
     stream: bool = True,
     app_dir: Path = APP_DIR,
     watch: Callable[[], None] | None = None,
+    resume: bool = False,
+    client_state: str = "",
 ) -> dict[str, Any]:
     """``flwr run --stream`` of the app on a SuperLink connection; check the run's real
     status and return its results.json, or raise RunFailed (also when ``watch`` does; with
@@ -299,7 +318,7 @@ def submit_run(
             str(stage_app(app_dir, Path(stage) / "app")),
             superlink,
             "--run-config",
-            run_config_arg(exp, out),
+            run_config_arg(exp, out, resume, client_state),
             *extra,
             "--stream",
         ]
@@ -320,11 +339,20 @@ def submit_run(
 
 
 def run_simulation(
-    cfg: Mapping[str, Any], out: Path, *, stream: bool = True, app_dir: Path = APP_DIR
+    cfg: Mapping[str, Any],
+    out: Path,
+    *,
+    stream: bool = True,
+    app_dir: Path = APP_DIR,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run a resolved experiment under ``flwr run``; return its results or raise RunFailed."""
+    """Run a resolved experiment under ``flwr run``; return its results or raise RunFailed.
+
+    ``resume``: go on from the checkpoint in ``out`` (the clients' state in
+    ``out/client-state``); otherwise both are removed first."""
     out = Path(out).resolve()
     exp = write_resolved(cfg, out)
+    prepare_out(out, resume)
     home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-"))
     link = LocalSuperLink.create(home)
     try:
@@ -337,6 +365,8 @@ def run_simulation(
             extra=["--federation-config", federation_config(cfg)],
             stream=stream,
             app_dir=app_dir,
+            resume=resume,
+            client_state=str(out / CLIENT_STATE_DIR),
         )
     finally:
         link.stop()

@@ -176,6 +176,28 @@ class SparseSync(DenseCodec):
         for pid in sent - replied:
             self.synced.pop(pid, None)
 
+    # ----- Checkpoint -----------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The public copies (values and the round each element changed), the round each
+        client's copy is from, every client's last unlabeled part and its embedding."""
+        return {
+            "public": {
+                part: {"value": b.value, "changed_at": b.changed_at}
+                for part, b in self.public.items()
+            },
+            "synced": dict(self.synced),
+            "latest": dict(self.latest),
+            "embeddings": {pid: torch.from_numpy(e) for pid, e in self.embeddings.items()},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for part, kept in state["public"].items():
+            self.public[part].value = kept["value"]
+            self.public[part].changed_at = kept["changed_at"]
+        self.synced = dict(state["synced"])
+        self.latest = dict(state["latest"])
+        self.embeddings = {pid: e.numpy() for pid, e in state["embeddings"].items()}
+
     def decode(self, update: Update) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
         """An update's uploaded parts, decoded against the public copy, and its buffers."""
         arrays = {k: v.numpy() for k, v in update.content["arrays"].items()}

@@ -43,6 +43,12 @@ class ClassThresholds:
     def records(self, server_round: int, pid: int) -> dict[str, Any]:
         return {"tau": ArrayRecord({"tau": self.tau.float()})}
 
+    def state(self) -> dict[str, Any]:
+        return {"tau": self.tau}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.tau = state["tau"]
+
 
 class FedSEAL(ServerHalf):
     """Server half of FedSEAL; the client half keeps the self-ensemble in context.state."""

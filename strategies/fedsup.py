@@ -83,6 +83,13 @@ class Teacher:
     def records(self, server_round: int, pid: int) -> dict[str, Any]:
         return {"teacher": self.record}
 
+    def state(self) -> dict[str, Any]:
+        """f_Server's weights as last sent (the trainer keeps the network itself)."""
+        return {"record": self.record.to_torch_state_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.record = ArrayRecord(state["record"])
+
 
 class SupervisedGroups(GroupedAverage):
     """Eq. 7 with f_Server as w_s: the layers f_Server has come from it, the SSL heads

@@ -5,8 +5,10 @@ from the aggregator, the payloads) -> clients train -> failed replies are counte
 malformed ones rejected, the rest sorted by partition -> the server trains beside the
 clients (SSFL eq. 4-5) -> the aggregator builds the next global model -> the server
 trains the aggregate (FedSEAL eq. 3-4) -> payloads are recomputed -> the evaluator ->
-one results row. federation.max_failed_rounds rounds in a row without an accepted
-update stop the run (:class:`RunStalled`).
+one results row -> the round's checkpoint (``checkpoint_path``). federation.max_failed_rounds
+rounds in a row without an accepted update stop the run (:class:`RunStalled`). A run
+resumed from a checkpoint (:meth:`RoundLoop.resume_from`) goes on from the round after it
+with every piece of state the uninterrupted run would hold.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +48,7 @@ from strategies.parts import (
     mean_metrics,
     record_bytes,
 )
+from tasks.checkpoint import save_checkpoint
 from tasks.config import Range
 from tasks.train import derive_seed
 
@@ -99,6 +103,25 @@ class Parts:
         """FedAvg clients, the server trains their aggregate, test accuracy, dense models
         with the method's extra payload records."""
         return cls(SupervisedTrainer(server), FedAvg(), TestAccuracy(server), DenseCodec(payloads))
+
+    def stateful(self) -> dict[str, Any]:
+        """The parts that keep state across rounds, by role (a part in two roles once; the
+        evaluator keeps none)."""
+        out: dict[str, Any] = {}
+        for role in ("trainer", "aggregator", "codec"):
+            part = getattr(self, role)
+            if part is not None and all(part is not kept for kept in out.values()):
+                out[role] = part
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Every stateful part's checkpoint (see ``stateful``)."""
+        return {role: part.state() for role, part in self.stateful().items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Give every stateful part back what ``state`` holds."""
+        for role, part in self.stateful().items():
+            part.restore(state[role])
 
 
 @dataclass
@@ -158,6 +181,10 @@ class RoundLoop(Strategy):
         self.config_json = json.dumps(self.cfg, sort_keys=True)
         self.scratch: nn.Module | None = None  # a copy of the model for clients' models
         self.protocols = Protocols(server)
+        self.rows: list[dict[str, Any]] = []  # every round's results row, as on_round got it
+        self.failed_in_a_row = 0  # rounds in a row without an accepted client update
+        self.first_round = 1  # the round after the checkpoint a resumed run starts from
+        self.checkpoint_path: Path | None = None  # where each round's checkpoint goes
 
     # ----- Flower Strategy interface -------------------------------------------------
     def summary(self) -> None:
@@ -225,14 +252,22 @@ class RoundLoop(Strategy):
         return out
 
     def accept(
-        self, server_round: int, replies: Iterable[Message], stats: RoundStats
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        stats: RoundStats,
+        sent: Mapping[str, int] | None = None,
     ) -> list[Update]:
         """Count failed replies and reject malformed ones; the rest as updates sorted by
-        partition, their bytes counted (a rejected reply's are not)."""
+        partition, their bytes counted (a rejected reply's are not). ``sent``: the partition
+        of each sent message by id, for error replies the SuperLink makes in a node's place
+        (a node that stopped answering: Flower's NODE_UNAVAILABLE)."""
         updates: list[Update] = []
         global_state = self.server.model.state_dict()
         for reply in replies:
             pid = self.partition_of(reply.metadata.src_node_id)
+            if pid < 0 and reply.has_error():
+                pid = (sent or {}).get(reply.metadata.reply_to_message_id, pid)
             if reply.has_error():
                 stats.fail(pid, reply.error.reason)
                 reason = failure_cause(reply.error.reason)
@@ -369,11 +404,12 @@ class RoundLoop(Strategy):
         if self.parts.aggregator is not None:
             self.nodes = self.discover(grid, timeout)
             log.info("clients: partitions %s", sorted(self.nodes))
-        self.parts.trainer.bootstrap()
-        self.update_payloads(0)
+        if self.first_round == 1:
+            self.parts.trainer.bootstrap()
+            self.update_payloads(0)
         result = Result()
-        limit, failed_in_a_row = self.cfg["federation"]["max_failed_rounds"], 0
-        for rnd in range(1, num_rounds + 1):
+        limit = self.cfg["federation"]["max_failed_rounds"]
+        for rnd in range(self.first_round, num_rounds + 1):
             started = time.perf_counter()
             stats = RoundStats()
             row = self.run_round(rnd, grid, timeout, stats)
@@ -383,13 +419,50 @@ class RoundLoop(Strategy):
             result.evaluate_metrics_serverapp[rnd] = MetricRecord(
                 {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
             )
+            self.rows.append(row)
             self.on_round(row)
             progressed = stats.replies > 0 or self.parts.aggregator is None
-            failed_in_a_row = 0 if progressed else failed_in_a_row + 1
-            if failed_in_a_row == limit:
+            self.failed_in_a_row = 0 if progressed else self.failed_in_a_row + 1
+            self.save_checkpoint(rnd)
+            if self.failed_in_a_row >= limit:
                 raise RunStalled(stalled_message(rnd, limit, stats))
         result.arrays = self.server.arrays()
         return result
+
+    # ----- Checkpoint and resume (the reliability issue's rule 1) ------------------------
+    def state(self, rnd: int) -> dict[str, Any]:
+        """What a resumed run needs after round ``rnd``: the global model, the sampler's RNG
+        state, the failure count, the rows (as JSON, exactly as written) and every part's
+        state. The node map is not kept: a resumed run discovers its nodes again."""
+        return {
+            "round": rnd,
+            "config": self.config_json,
+            "rows": json.dumps(self.rows),
+            "failed_in_a_row": self.failed_in_a_row,
+            "sampler": self.sampler.getstate(),
+            "model": self.server.model.state_dict(),
+            "parts": self.parts.state(),
+        }
+
+    def save_checkpoint(self, rnd: int) -> None:
+        """Write the round's checkpoint atomically (when ``checkpoint_path`` is set); log its
+        write time (the overhead docs/reliability.md measures)."""
+        if self.checkpoint_path is None:
+            return
+        started = time.perf_counter()
+        save_checkpoint(self.state(rnd), self.checkpoint_path)
+        log.info("round %d: checkpoint written in %.3fs", rnd, time.perf_counter() - started)
+
+    def resume_from(self, state: dict[str, Any]) -> int:
+        """Take a checkpoint's state (see ``state``); the run goes on from the round after
+        its round, without the bootstrap. Returns the checkpoint's round."""
+        self.server.model.load_state_dict(state["model"])
+        self.parts.restore(state["parts"])
+        self.sampler.setstate(state["sampler"])
+        self.failed_in_a_row = int(state["failed_in_a_row"])
+        self.rows = json.loads(state["rows"])
+        self.first_round = int(state["round"]) + 1
+        return int(state["round"])
 
     def run_round(self, rnd: int, grid: Grid, timeout: float, stats: RoundStats) -> dict[str, Any]:
         """One round, counted in ``stats``; returns its results row (without the wall time)."""
@@ -403,7 +476,7 @@ class RoundLoop(Strategy):
             messages = self.messages(rnd, self.server.arrays(), stats)
             round_metrics.update(self.sparse_metrics("s2c", stats.bytes_s2c, len(messages)))
             replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-            updates = self.accept(rnd, replies, stats)
+            updates = self.accept(rnd, replies, stats, self.sent_ids(messages))
         if trainer.beside_clients:
             server_metrics = trainer.train(rnd)
         if aggregator is not None:
@@ -444,6 +517,10 @@ class RoundLoop(Strategy):
 
     def sent(self, messages: list[Message]) -> set[int]:
         return {self.partition_of(m.metadata.dst_node_id) for m in messages}
+
+    def sent_ids(self, messages: list[Message]) -> dict[str, int]:
+        """The partition of each sent message by the id the grid gave it when sending."""
+        return {m.metadata.message_id: self.partition_of(m.metadata.dst_node_id) for m in messages}
 
     def sparse_metrics(self, direction: str, sent: int, dense: int) -> Metrics:
         """For a codec that sends less than dense models: the dense cost and the ratio.

@@ -14,7 +14,8 @@ A method (``strategies/<method>.py``) picks one of each and hands them to
   records such as FedSEAL's thresholds).
 
 Parts hold their own state and return their metrics; nothing is passed through
-shared mutable attributes.
+shared mutable attributes. What a part keeps across rounds it gives to the run's checkpoint
+(``state``) and takes back on resume (``restore``): tensors and plain values only.
 """
 
 from __future__ import annotations
@@ -253,6 +254,12 @@ class NoTrainer:
     def train(self, server_round: int) -> Metrics:
         return {}
 
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Nothing kept."""
+
 
 class SupervisedTrainer:
     """SGD with weak augmentation on the server's labeled set (FedSEAL eq. 3-4).
@@ -316,6 +323,22 @@ class SupervisedTrainer:
             self.kept_optimizer = opt
         return opt
 
+    def state(self) -> dict[str, Any]:
+        """The kept optimizer's state (server.keep_momentum) and, when the trainer trains a
+        model of its own (FedSup's f_Server), that model's weights."""
+        out: dict[str, Any] = {}
+        if self.kept_optimizer is not None:
+            out["optimizer"] = self.kept_optimizer.state_dict()
+        if self.model is not self.server.model:
+            out["model"] = self.model.state_dict()
+        return out
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+        if "optimizer" in state:
+            self.optimizer(0).load_state_dict(state["optimizer"])
+
     def fit(self, server_round: int, epochs: int) -> Metrics:
         """``epochs`` epochs on the labeled set, or T steps from round 1 on."""
         n = len(self.server.labeled_x)
@@ -350,6 +373,12 @@ class Aggregator(Protocol):
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
         """The next global model from the round's updates, and metrics of the step."""
 
+    def state(self) -> dict[str, Any]:
+        """What it keeps across rounds, for the run's checkpoint."""
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what ``state`` gave."""
+
 
 class FedAvg:
     """FedAvg weighted by the clients' example counts (McMahan et al.; FedSEAL eq. 2)."""
@@ -362,6 +391,13 @@ class FedAvg:
         states = [numpy_state(u.content["arrays"]) for u in updates]
         avg = weighted_average(states, [float(u.num_examples) for u in updates])
         return to_record(avg), {}
+
+    def state(self) -> dict[str, Any]:
+        """Nothing outlives a round (AverageWithServer's start models are set each round)."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Nothing kept."""
 
 
 class AverageWithServer(FedAvg):
@@ -431,6 +467,17 @@ class GroupedAverage(AverageWithServer):
     def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
         return self.group_models.get(pid, arrays)
 
+    def state(self) -> dict[str, Any]:
+        """Each user's group model w_avg,i, the start of its next round."""
+        return {
+            "group_models": {
+                pid: record.to_torch_state_dict() for pid, record in self.group_models.items()
+            }
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.group_models = {pid: ArrayRecord(s) for pid, s in state["group_models"].items()}
+
     def combine(
         self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
     ) -> tuple[dict[str, np.ndarray], Metrics]:
@@ -453,6 +500,12 @@ class Payload(Protocol):
 
     def records(self, server_round: int, pid: int) -> dict[str, Any]:
         """The records for client ``pid``'s message."""
+
+    def state(self) -> dict[str, Any]:
+        """What it holds between rounds, for the run's checkpoint."""
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what ``state`` gave."""
 
 
 class DenseCodec:
@@ -479,6 +532,14 @@ class DenseCodec:
 
     def end_round(self, sent: set[int], replied: set[int]) -> None:
         """After aggregation: what to forget about clients that did not reply."""
+
+    def state(self) -> dict[str, Any]:
+        """The payloads' states, in order."""
+        return {"payloads": [payload.state() for payload in self.payloads]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for payload, kept in zip(self.payloads, state["payloads"], strict=True):
+            payload.restore(kept)
 
     def load_local(self, model: nn.Module, update: Update) -> None:
         """Load the model client ``update.pid`` trained into ``model``."""

@@ -50,6 +50,11 @@ class Recorder:
             row["seconds"],
         )
 
+    def resume(self, rows: list[dict[str, Any]]) -> None:
+        """Start from a checkpoint's rows (a resumed run): kept, and metrics.jsonl rewritten."""
+        self.rows = [dict(row) for row in rows]
+        self.jsonl.write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+
     def results(self, failure: str | None = None) -> dict[str, Any]:
         """The run's record; ``failure``: the one line of a run that stopped (rule 3 of the
         reliability issue), None for a completed run."""

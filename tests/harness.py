@@ -2,7 +2,8 @@
 
 Replies come back in a shuffled order (seeded per grid; the strategy must sort them),
 and chosen partitions fail the way a crashing ClientApp does in Flower: an error reply.
-``node_data`` gives chosen nodes a ``data-path`` (their own image folder) in node-config.
+``node_data`` gives chosen nodes a ``data-path`` (their own image folder) in node-config;
+``state_path`` gives every node a ``state-path`` (its persisted context.state).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class InProcessGrid:
         fail_partitions: Iterable[int] = (),
         node_data: Mapping[int, str] | None = None,
         order_seed: int = 0,
+        state_path: str = "",
     ):
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
         self.partition = {7000 + 13 * i: i for i in range(num_nodes)}
@@ -45,6 +47,7 @@ class InProcessGrid:
                     "partition-id": pid,
                     "num-partitions": num_nodes,
                     **({"data-path": node_data[pid]} if pid in (node_data or {}) else {}),
+                    **({"state-path": state_path} if state_path else {}),
                 },
             )
             for nid, pid in self.partition.items()

@@ -1,14 +1,18 @@
 """Real deployment on loopback (``ssfl deploy-local``): certificates, node keys, refusals,
-the same numbers as ``ssfl run``, and a node that fails on its own."""
+the same numbers as ``ssfl run``, a node that fails on its own, and a SuperNode killed and
+restarted mid-run."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,8 +26,9 @@ from flwr.common.config import parse_config_args
 
 from ssfl.certs import make_certificates, make_node_key
 from ssfl.cli import parse_node_data
-from ssfl.deploy import LocalDeployment, last_error, node_config
-from ssfl.runner import RunFailed
+from ssfl.deploy import SUPERLINK, LocalDeployment, last_error, node_config
+from ssfl.experiment import resolve_config
+from ssfl.runner import RunFailed, submit_run, write_resolved
 from tasks.config import ConfigError
 from tests.conftest import ROOT
 
@@ -58,6 +63,8 @@ def test_node_config_round_trips_through_flowers_parser():
     assert parse_config_args([node_config(1, 2)]) == {"partition-id": 1, "num-partitions": 2}
     parsed = parse_config_args([node_config(0, 2, "/data/my images")])
     assert parsed == {"partition-id": 0, "num-partitions": 2, "data-path": "/data/my images"}
+    parsed = parse_config_args([node_config(1, 2, state_path="/srv/state")])
+    assert parsed == {"partition-id": 1, "num-partitions": 2, "state-path": "/srv/state"}
 
 
 def test_node_data_option(tmp_path):
@@ -213,3 +220,62 @@ def test_unregistered_or_untrusting_node_is_refused(tmp_path):
         deployment.stop()
         shutil.rmtree(home, ignore_errors=True)
     assert all(p.poll() is not None for p in deployment.processes.values())
+
+
+def rows_so_far(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wait_for_round(out: Path, rnd: int, runner: threading.Thread, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while len(rows_so_far(out)) < rnd:
+        assert runner.is_alive() and time.monotonic() < deadline, f"round {rnd} never came"
+        time.sleep(0.5)
+
+
+@pytest.mark.e2e
+def test_a_killed_supernode_fails_its_rounds_and_is_used_again_once_restarted(
+    tmp_path, synthetic_raw
+):
+    """3 nodes, FedSEAL; node 2 SIGKILLed after round 1: its rounds fail (once the SuperLink
+    finds it offline, 2 missed heartbeats of 30 s, not timeout_s) and the run goes on; once
+    round 2 is recorded it is restarted with the same key and node-config, takes its
+    self-ensemble back from its state-path and trains again."""
+    raw = {**synthetic_raw, "method": "fedseal", "rounds": 4, "client": {"batch_size": 64}}
+    cfg = resolve_config({**raw, "federation": {"timeout_s": 600}})
+    out = tmp_path / "out"
+    exp = write_resolved(cfg, out)
+    home = Path(tempfile.mkdtemp(prefix="ssfl-test-fault-"))
+    deployment = LocalDeployment.create(home, out / "logs")
+    try:
+        deployment.start_superlink()
+        keys = [make_node_key(home / "keys", f"node{k}") for k in range(3)]
+        deployment.register([public for _, public in keys])
+        configs = [node_config(k, 3, state_path=str(out / "client-state")) for k in range(3)]
+        for k, (private, _) in enumerate(keys):
+            deployment.start_node(f"supernode-{k}", private, configs[k], threads=1)
+        results: dict = {}
+        runner = threading.Thread(
+            target=lambda: results.update(submit_run(SUPERLINK, deployment.env, exp, out))
+        )
+        runner.start()
+        wait_for_round(out, 1, runner)
+        for name in ("supernode-2", "superexec-supernode-2"):
+            os.killpg(deployment.processes[name].pid, signal.SIGKILL)
+        wait_for_round(out, 2, runner)
+        deployment.start_node("supernode-2", keys[2][0], configs[2], threads=1)
+        runner.join(timeout=900)
+    finally:
+        deployment.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    rows = results["rounds"]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and results["status"] == "completed"
+    assert rows[1]["failed_partitions"] == [2] and rows[1]["clients"] == 2
+    assert rows[1]["seconds"] < 300  # found offline, not waited for until timeout_s (600 s)
+    assert rows[-1]["clients"] == 3 and rows[-1]["failures"] == 0
+    # Node 2's ensemble counts its round 1 (restored from its state-path) and its rounds
+    # after the restart; the others count every round.
+    trained_again = sum(r["failures"] == 0 for r in rows[2:])
+    assert 3 * rows[-1]["ensemble_size"] == pytest.approx(2 * 4 + 1 + trained_again)

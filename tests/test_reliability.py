@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 import ssfl.runner
 from ssfl.cli import main
@@ -20,6 +21,7 @@ from strategies.parts import numpy_state
 from tasks.config import ConfigError
 from tasks.results import Recorder
 from tests.harness import InProcessGrid, build_strategy, run_method
+from tests.test_resume import tiny_raw
 
 Tamper = Callable[[dict[str, np.ndarray], dict], None]
 
@@ -57,6 +59,32 @@ class FlakyGrid(InProcessGrid):
             self.round += 1
             self.fail = set(self.partition.values()) if self.round in self.failing_rounds else set()
         return super().send_and_receive(messages, timeout)
+
+
+class DeadNodeGrid(InProcessGrid):
+    """Messages get ids as Flower's grids give them; a dead partition's reply is the error
+    the SuperLink makes in its place (from the SuperLink's node id, NODE_UNAVAILABLE)."""
+
+    def __init__(self, num_nodes: int, dead: int):
+        super().__init__(num_nodes)
+        self.dead, self.count = dead, 0
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        for msg in messages:
+            self.count += 1
+            msg.metadata.__dict__["_message_id"] = f"message-{self.count}"
+        return super().send_and_receive(messages, timeout)
+
+    def handle(self, msg: Message) -> Message:
+        if (
+            msg.metadata.message_type != MessageType.TRAIN
+            or self.partition[msg.metadata.dst_node_id] != self.dead
+        ):
+            return super().handle(msg)
+        reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node offline"), reply_to=msg)
+        reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        return reply
 
 
 def first_float(arrays: dict[str, np.ndarray]) -> str:
@@ -276,6 +304,12 @@ def test_cli_run_that_stalls_exits_1_with_one_line(tmp_path, monkeypatch, capsys
     code = main(["run", str(experiment), "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 1
     assert capsys.readouterr().err.splitlines()[-1] == f"ssfl: run failed: {FAILURE}"
+
+
+def test_a_dead_nodes_failure_counts_for_its_partition():
+    raw = {**tiny_raw("fedavg_fixmatch"), "rounds": 1, "federation": {"clients_per_round": 0}}
+    rows, _ = run_method(raw, DeadNodeGrid(3, dead=2))
+    assert [(r["failures"], r["failed_partitions"], r["clients"]) for r in rows] == [(1, [2], 2)]
 
 
 def test_a_failed_clients_reason_is_cut_to_its_cause():

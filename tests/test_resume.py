@@ -1,0 +1,207 @@
+"""Checkpoint and resume (the reliability issue's rule 1).
+
+In-process, every method: 4 rounds straight, and what a kill in round 3 leaves (round 2's
+checkpoint, round 3's client files) resumed by a fresh strategy with fresh node contexts:
+the same rows. End to end: ``ssfl run`` SIGKILLed after round 2 and resumed gives
+the uninterrupted run's results. The command line refuses a resume it cannot do."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from flwr.app import ArrayRecord, RecordDict
+
+from client_app.state import restore_state, save_state, saved_rounds
+from ssfl import cli as cli_module
+from ssfl import runner
+from ssfl.cli import main
+from ssfl.experiment import resolve_experiment
+from ssfl.registry import METHODS
+from ssfl.runner import descendant_groups
+from tasks.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tests.conftest import ROOT
+from tests.harness import InProcessGrid, build_strategy
+from tests.test_e2e import ssfl_run
+
+# Per method, what makes its cross-round state matter within 4 rounds.
+METHOD_SETTINGS: dict[str, dict] = {
+    "fedmatch": {"algo": {"helper_interval": 3, "num_helpers": 1}},
+    "fedrgd": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 1}},
+    "fedavg_with_server": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 1}},
+    "fedsup": {"eval": {"protocol_every": 3, "finetune_epochs": 1, "linear_epochs": 1}},
+    "fedseal": {"client": {"keep_momentum": True}, "server": {"keep_momentum": True}},
+}
+STEP_METHODS = ("fedrgd", "fedavg_with_server")  # rounds of T steps (SSFL benchmark eq. 2)
+
+
+def tiny_raw(method: str) -> dict:
+    """Four rounds of one batch on synthetic data, 2 of 3 clients sampled a round."""
+    raw = {
+        "method": method,
+        "rounds": 4,
+        "dataset": {"name": "synthetic28", "synthetic_train_size": 300, "synthetic_test_size": 40},
+        "split": {
+            "labeled_per_class": 2,
+            "val_size": 20,
+            "test_size": 40,
+            "num_clients": 3,
+            "client_size": 16,
+        },
+        "server": {"bootstrap_epochs": 1, "epochs": 1, "batch_size": 20},
+        "client": {"batch_size": 16, **({"local_steps": 1} if method in STEP_METHODS else {})},
+        "federation": {"clients_per_round": 2},
+    }
+    for key, values in METHOD_SETTINGS.get(method, {}).items():
+        raw[key] = {**raw.get(key, {}), **values}
+    return raw
+
+
+def without_seconds(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+
+def run_rounds(raw: dict, folder: Path, snapshot: Path | None = None, resume: bool = False):
+    """Rows of a run whose checkpoint and client state go to ``folder``. ``snapshot``: when
+    round 3's row is recorded (round 2's checkpoint, round 3's client files written: what a
+    run killed then leaves), ``folder`` is copied there. ``resume``: go on from the
+    checkpoint in ``folder`` with a fresh strategy and fresh node contexts."""
+
+    def on_round(row: dict) -> None:
+        if snapshot is not None and row["round"] == 3:
+            shutil.copytree(folder, snapshot)
+
+    strategy = build_strategy(raw, on_round)
+    strategy.checkpoint_path = folder / "checkpoint.pt"
+    if resume:
+        assert strategy.resume_from(load_checkpoint(strategy.checkpoint_path)) == 2
+    grid = InProcessGrid(3, state_path=str(folder / "client-state"))
+    strategy.start(grid, num_rounds=raw["rounds"])
+    return strategy.rows
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(method, tmp_path):
+    raw = tiny_raw(method)
+    straight = run_rounds(raw, tmp_path / "straight", snapshot=tmp_path / "killed")
+    assert [r["round"] for r in straight] == [1, 2, 3, 4]
+    resumed = run_rounds(raw, tmp_path / "killed", resume=True)
+    assert without_seconds(resumed) == without_seconds(straight)
+
+
+def test_client_state_is_never_taken_from_the_round_being_run_or_later(tmp_path):
+    folder = tmp_path / "partition-0"
+    for rnd in (1, 3, 4):
+        save_state(RecordDict({"k": ArrayRecord({"r": torch.tensor(rnd)})}), folder, rnd)
+    assert sorted(saved_rounds(folder)) == [3, 4]  # the newest two are kept
+    state = RecordDict()
+    assert restore_state(state, folder, 4) == 3
+    assert int(state["k"]["r"].numpy()) == 3
+    assert sorted(saved_rounds(folder)) == [3]  # round 4's file was of an unfinished round
+    kept = RecordDict({"k": ArrayRecord({"r": torch.tensor(9)})})
+    assert restore_state(kept, folder, 5) is None  # a node's live state is never replaced
+    assert restore_state(RecordDict(), folder, 3) is None
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        load_checkpoint(path)
+    save_checkpoint({"round": 1}, path)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(CheckpointError, match=f"unreadable checkpoint {path}"):
+        load_checkpoint(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temporary left
+
+
+# ----- The command line ---------------------------------------------------------------
+@pytest.fixture
+def fedseal_exp(tmp_path: Path) -> Path:
+    raw = tiny_raw("fedseal")
+    raw["server"]["bootstrap_epochs"] = 0  # nothing before round 1 to wait for
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def cli(*args: str) -> tuple[int, list[str]]:
+    """``ssfl`` in this process: exit code and stderr lines."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, err.getvalue().strip().splitlines()
+
+
+@pytest.mark.parametrize("command", ["run", "deploy-local"])
+def test_resume_without_a_checkpoint_is_exit_2_and_one_line(command, fedseal_exp, tmp_path):
+    out = tmp_path / "out"
+    code, lines = cli(command, str(fedseal_exp), "--out", str(out), "--resume")
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"ssfl: error: --resume: no checkpoint at {out / 'checkpoint.pt'}")
+
+
+@pytest.mark.parametrize("command", ["run", "deploy-local"])
+def test_resume_with_another_config_is_exit_2_naming_the_keys(
+    command, fedseal_exp, tmp_path, monkeypatch
+):
+    out = tmp_path / "out"
+    cfg = resolve_experiment(fedseal_exp)
+    save_checkpoint({"round": 2, "config": json.dumps(cfg)}, out / "checkpoint.pt")
+    code, lines = cli(
+        command, str(fedseal_exp), "--out", str(out), "--resume", "--rounds", "6",
+        "--set", "client.lr=0.5", "--set", "federation.timeout_s=60",
+    )  # fmt: skip
+    assert code == 2 and len(lines) == 1
+    assert "the config differs from the checkpoint's" in lines[0]
+    assert lines[0].split(" in ", 1)[1].startswith("client.lr, rounds;")  # timeout: execution
+    started = []
+    monkeypatch.setattr(runner, "run_simulation", lambda *a, **kw: started.append(kw))
+    monkeypatch.setattr(cli_module, "report", lambda *a: None)
+    code, _ = cli("run", str(fedseal_exp), "--out", str(out), "--resume")
+    assert code == 0 and started[0]["resume"] is True
+
+
+def run_killed_after_round(exp: Path, out: Path, rnd: int) -> int:
+    """``ssfl run`` SIGKILLed with everything it started (SuperLink, simulation, Ray) once
+    round ``rnd``'s checkpoint is written; returns the checkpoint's round."""
+    cmd = [sys.executable, "-m", "ssfl.cli", "run", str(exp), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = out / "checkpoint.pt"
+            if path.is_file() and load_checkpoint(path)["round"] >= rnd:
+                break
+            time.sleep(0.2)
+    finally:
+        for group in [proc.pid, *descendant_groups(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        proc.wait(timeout=60)
+    return load_checkpoint(out / "checkpoint.pt")["round"]
+
+
+@pytest.mark.e2e
+def test_ssfl_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(fedseal_exp, tmp_path):
+    killed_at = run_killed_after_round(fedseal_exp, tmp_path / "killed", 2)
+    assert 2 <= killed_at < 4
+    assert sorted(p.name for p in (tmp_path / "killed" / "client-state").iterdir())
+    resumed = ssfl_run(fedseal_exp, tmp_path / "killed", "--resume", "--quiet")
+    straight = ssfl_run(fedseal_exp, tmp_path / "straight", "--quiet")
+    assert resumed["status"] == "completed"
+    assert without_seconds(resumed["rounds"]) == without_seconds(straight["rounds"])
+    excluded = {"rounds", "wall_seconds"}
+    assert {k: v for k, v in resumed.items() if k not in excluded} == {
+        k: v for k, v in straight.items() if k not in excluded
+    }
