@@ -285,8 +285,12 @@ def class_roles(spec: str, num_classes: int) -> str:
 def globally_unseen_holders(num_gu: int, num_clients: int) -> list[list[int]]:
     """Clients holding each globally unseen class: contiguous groups of ceil(K / G) clients
     (official code, 5 clients: [0, 1], [2, 3], [4]; the note's Fashion-MNIST setting, 10
-    clients: 0-3, 4-7, 8-9)."""
+    clients: 0-3, 4-7, 8-9); when that leaves a class without clients (4 clients, 3 classes),
+    near-equal contiguous groups (ours)."""
     width = -(-num_clients // max(num_gu, 1))
+    if width * (num_gu - 1) >= num_clients:
+        parts = np.array_split(np.arange(num_clients), num_gu)
+        return [part.tolist() for part in parts]
     return [[k for k in range(num_clients) if k // width == g] for g in range(num_gu)]
 
 
