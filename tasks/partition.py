@@ -326,6 +326,8 @@ def open_world_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
     evenly and disjointly among the clients holding it. Roles are computed over
     ``split.role_clients`` clients (0 = num_clients), merged into num_clients in order (one
     client: the centralized baseline on the same data). No server labels."""
+    if "class_roles" not in scfg:
+        raise ConfigError("config key 'split.scenario': open_world is method fedossl's split")
     rng = np.random.default_rng(seed)
     labels = ds.train_y.numpy()
     k, num_clients = ds.num_classes, scfg["num_clients"]
