@@ -50,17 +50,19 @@ def sinkhorn(scores: Tensor, iters: int = 3, tol: float = 0.0) -> Tensor:
 
     Returns P (N x K) proportional to exp(scores) with every row summing to 1/N and every
     column to 1/K, by alternate normalisation in the log domain: ``iters`` rounds, or fewer
-    once the largest column-marginal error (relative to 1/K) is below ``tol``.
+    once the largest column-marginal error (relative to 1/K) is below ``tol`` (read off the
+    column sums each round computes anyway).
     """
     n, k = scores.shape
-    log_p = scores.double() - scores.double().max()
-    log_r, log_c = -np.log(n), -np.log(k)
+    log_p = scores - scores.max()
+    log_r, log_c = -float(np.log(n)), -float(np.log(k))
     for _ in range(iters):
-        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True) + log_c
-        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True) + log_r
-        if tol and (log_p.exp().sum(0) * k - 1).abs().max() < tol:
+        col = torch.logsumexp(log_p, dim=0, keepdim=True)
+        if tol and (col - log_c).exp().sub(1).abs().max() < tol:
             break
-    return log_p.exp().to(scores.dtype)
+        log_p = log_p - col + log_c
+        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True) + log_r
+    return log_p.exp()
 
 
 def balanced_kmeans(
@@ -99,16 +101,22 @@ def cluster_global_centroids(
     m = F.normalize(centroids.detach().clone(), dim=1).requires_grad_(True)
     z = F.normalize(local.detach(), dim=1)
     opt = torch.optim.SGD([m], lr=lr, momentum=0.9)
-    for _ in range(steps):
-        scores = z @ m.T
-        with torch.no_grad():
-            target = sinkhorn(sharpness * scores, iters=100, tol=1e-2)
-        loss = -F.cosine_similarity(target, F.softmax(scores / temperature, dim=1), dim=1).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        with torch.no_grad():
-            m.copy_(F.normalize(m, dim=1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (C x d) matrices: threads only add synchronisation
+    try:
+        for _ in range(steps):
+            scores = z @ m.T
+            with torch.no_grad():
+                target = sinkhorn(sharpness * scores, iters=100, tol=1e-2)
+            probs = F.softmax(scores / temperature, dim=1)
+            loss = -F.cosine_similarity(target, probs, dim=1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                m.copy_(F.normalize(m, dim=1))
+    finally:
+        torch.set_num_threads(threads)
     return m.detach()
 
 

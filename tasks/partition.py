@@ -306,6 +306,12 @@ def client_classes(roles: str, num_clients: int) -> list[list[int]]:
             f"config key 'split.class_roles': {len(gu)} globally unseen classes need at least "
             f"{len(gu)} clients (split.role_clients / split.num_clients), got {num_clients}"
         )
+    for c, h in zip(gu, holders):
+        if num_clients > 1 and len(h) == num_clients:
+            raise ConfigError(
+                f"config key 'split.class_roles': globally unseen class {c} would be at every "
+                "client, which Definition 1 calls locally unseen; mark it L"
+            )
     out = [sorted(shared + [c for c, h in zip(gu, holders) if k in h]) for k in range(num_clients)]
     for k, classes in enumerate(out):
         if all(roles[c] == SEEN for c in classes):

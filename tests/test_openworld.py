@@ -85,6 +85,7 @@ def test_centralized_merges_the_role_clients_into_one(synthetic):
         ({"class_roles": "SSSSSSSSSS"}, "no unseen class"),
         ({"class_roles": "SSSSSSSGGG", "num_clients": 2}, "need at least 3 clients"),
         ({"class_roles": "SSX"}, "one of S, L, G"),
+        ({"class_roles": "SSSSSSSSSG"}, "at every client"),
     ],
 )
 def test_bad_open_world_splits_are_one_line_config_errors(synthetic, changes, match):
