@@ -11,14 +11,15 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from flwr.app import MetricRecord, RecordDict
 
 from ssfl.experiment import resolve_config, resolve_experiment
 from ssfl.reproduce import FEDOSSL_ROWS, reproduce
-from strategies.parts import numpy_state
+from strategies.parts import Update, numpy_state, to_record
 from tasks.config import ConfigError, deep_merge
 from tasks.models import classifier_keys
 from tests.conftest import ROOT
-from tests.harness import InProcessGrid, run_method
+from tests.harness import InProcessGrid, build_strategy, run_method
 
 BASE = {
     "method": "fedossl",
@@ -159,3 +160,28 @@ def test_table2_lists_every_fmnist_cell_beside_the_papers_numbers(tmp_path):
     assert text.count("### FedoSSL Table 2") == 10  # 5 accuracies x (best, final round)
     for name in FEDOSSL_ROWS.values():
         assert (ROOT / "experiments" / "fmnist-open" / name).is_file()
+
+
+@pytest.mark.parametrize("weighted, expected", [(True, 0.75), (False, 0.5)])
+def test_models_average_by_example_counts_or_uniformly(weighted, expected):
+    """Section 3.1's n_i / n weights, or the official code's uniform average, on two
+    hand-made models (all zeros with 1 example, all ones with 3)."""
+    raw = deep_merge(BASE, {"algo": {"gamma": 0.0, "weighted_average": weighted}})
+    strategy = build_strategy(raw)
+    state = numpy_state(strategy.server.arrays())
+    updates = [
+        Update(
+            pid,
+            n,
+            RecordDict(
+                {
+                    "arrays": to_record({k: np.full_like(v, fill) for k, v in state.items()}),
+                    "metrics": MetricRecord({"partition-id": pid, "num-examples": n}),
+                }
+            ),
+        )
+        for pid, n, fill in ((0, 1, 0), (1, 3, 1))
+    ]
+    arrays, _ = strategy.parts.aggregator.aggregate(1, updates)
+    weight = numpy_state(arrays)[classifier_keys(strategy.server.model)[0]]
+    np.testing.assert_allclose(weight, expected)
