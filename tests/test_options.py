@@ -56,9 +56,15 @@ SETTING: dict[str, dict[str, Any]] = {
     # f_Server's step after round r acts on the online network in round r + 1.
     "fedsup": {"rounds": 3, "model": {"projector_dim": 128, "predictor_dim": 8}},
     "fedavg_uda": {"algo": {"threshold": 0.3}},
-    # Open world (labels at the clients, no server training), calibration from round 1.
+    # Open world (labels at the clients, no server training), calibration from round 1;
+    # two globally unseen classes over three clients, so that client sizes differ.
     "fedossl": {
-        "split": {"labeled_per_class": 0, "val_size": 0, "samples_per_class": 30},
+        "split": {
+            "labeled_per_class": 0,
+            "val_size": 0,
+            "samples_per_class": 30,
+            "class_roles": "SSSSSSLLGG",
+        },
         "server": {"bootstrap_epochs": 0, "epochs": 0, "batch_size": 32, "lr": 0.01},
         "algo": {
             "cluster_from_round": 1,
