@@ -23,6 +23,7 @@ from tasks.config import (
     read_yaml,
     resolve,
 )
+from tasks.results import completed, load_results
 
 # Client options a client half may leave out of its ``honours`` set, with the value
 # that means "off": any other value is refused for such a method.
@@ -47,18 +48,29 @@ EXECUTION_KEYS = (
 
 def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Validate a raw experiment mapping: defaults, types, ranges, the method's checks."""
-    from tasks.data import DATASETS
-    from tasks.models import MODELS
+    from tasks.data import DATASETS, dataset_info
+    from tasks.models import MODELS, check_head_size
 
     name = raw.get("method", DEFAULTS["method"])
     spec = method(name)
     server = spec.server_half()
     choices = {"dataset.name": tuple(sorted(DATASETS)), "model.name": tuple(sorted(MODELS))}
-    cfg = resolve(raw, server.defaults(), choices)
+    cfg = resolve(raw, server.defaults(), choices, server.rules())
+    check_head_size(cfg["model"]["head_size"], dataset_info(cfg["dataset"]["name"]).num_classes)
     check_client_options(name, cfg, spec.client_half())
     check_ssl_heads(name, cfg, server.ssl_heads)
     server.check_config(cfg)
+    check_clients_train(name, cfg, spec.client_half())
     return cfg
+
+
+def check_clients_train(name: str, cfg: Mapping[str, Any], client: Any) -> None:
+    """Refuse a round in which a method's clients would not train at all."""
+    if client is not None and cfg["client"]["epochs"] == 0 and cfg["client"]["local_steps"] == 0:
+        raise ConfigError(
+            f"config keys 'client.epochs' and 'client.local_steps': {name!r} trains on its "
+            "clients; one of them must be > 0"
+        )
 
 
 def check_ssl_heads(name: str, cfg: Mapping[str, Any], trained: frozenset[str]) -> None:
@@ -131,6 +143,21 @@ def same_config(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
         return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
 
     return comparable(recorded) == comparable(cfg)
+
+
+def reusable(results: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    """Whether a results.json is of a completed run of this config (sweep and reproduce
+    reuse such a run instead of training again)."""
+    return completed(results) and same_config(results.get("config", {}), cfg)
+
+
+def reusable_run(out: Path, cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The results of ``out`` when :func:`reusable` for ``cfg``; None when there are none
+    or they are of another config or an unfinished run."""
+    if not (out / "results.json").is_file():
+        return None
+    results = load_results(out)
+    return results if reusable(results, cfg) else None
 
 
 def default_out(cfg: Mapping[str, Any]) -> Path:

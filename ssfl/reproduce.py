@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import check_data, resolve_experiment, same_config
+from ssfl.experiment import check_data, resolve_experiment, reusable_run
 from ssfl.runner import run_simulation
 from tasks.config import ConfigError
-from tasks.results import completed, load_results, plot_curves
+from tasks.results import plot_curves
 
 
 @dataclass(frozen=True)
@@ -275,15 +275,14 @@ def run_cell(
 ) -> dict[str, Any] | None:
     """The cell's results: reused when made with the same config, else run (None: not run)."""
     cfg = resolve_experiment(experiment, rounds, None, overrides)
+    previous = reusable_run(out, cfg)
+    if previous is not None or not run:
+        return previous
     if (out / "results.json").is_file():
-        previous = load_results(out)
-        if same_config(previous.get("config", {}), cfg):
-            if completed(previous):
-                return previous
-        elif run:
-            print(f"ssfl reproduce: {out} has another config's results; rerun", file=sys.stderr)
-    if not run:
-        return None
+        print(
+            f"ssfl reproduce: {out} holds another config's or an unfinished run; rerun",
+            file=sys.stderr,
+        )
     check_data(cfg)
     print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
     return run_simulation(cfg, out, stream=False)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import check_data, resolve_experiment, same_config
+from ssfl.experiment import check_data, resolve_experiment, reusable_run
 from tasks.config import ConfigError, parse_scalar
-from tasks.results import completed, load_results, markdown_table, plot_curves, plot_sweep
+from tasks.results import markdown_table, plot_curves, plot_sweep
 
 Cell = tuple[tuple[str, Any], ...]
 
@@ -60,17 +60,12 @@ def cell_dir(out: Path, cell: Cell) -> Path:
 def run_or_reuse(cfg: dict[str, Any], out: Path, label: str) -> dict[str, Any]:
     from ssfl.runner import run_simulation
 
-    results = out / "results.json"
-    if results.is_file() and reusable(load_results(out), cfg):
+    previous = reusable_run(out, cfg)
+    if previous is not None:
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
-        return load_results(out)
+        return previous
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
     return run_simulation(cfg, out, stream=False)
-
-
-def reusable(results: dict[str, Any], cfg: dict[str, Any]) -> bool:
-    """A completed run of the same config."""
-    return completed(results) and same_config(results.get("config", {}), cfg)
 
 
 def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:

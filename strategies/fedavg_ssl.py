@@ -11,7 +11,7 @@ from typing import Any
 
 from strategies.loop import ServerHalf
 from strategies.server_sl import SERVER_SCHEDULE
-from tasks.config import ConfigError, deep_merge
+from tasks.config import POSITIVE, UNIT, ConfigError, Range, deep_merge
 
 # SSL heads sized for the small CNN's 128-d feature (ours; FedSup 5.1.1: 512 with ResNet-18).
 PROJECTOR = {"model": {"projector_dim": 128}}
@@ -52,10 +52,8 @@ class FedAvgSimCLR(FedAvgSSL):
         return deep_merge(super().defaults(), {"algo": {"temperature": 0.5, "decoupled": False}})
 
     @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        super().check_config(cfg)
-        if cfg["algo"]["temperature"] <= 0:
-            raise ConfigError("config key 'algo.temperature': must be > 0")
+    def rules(cls) -> dict[str, Range]:
+        return {"algo.temperature": POSITIVE}
 
 
 class FedAvgSimSiam(FedAvgSSL):
@@ -78,7 +76,5 @@ class FedAvgBYOL(FedAvgSSL):
         return deep_merge(super().defaults(), {"algo": {"ema": 0.99}})
 
     @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        super().check_config(cfg)
-        if not 0.0 <= cfg["algo"]["ema"] <= 1.0:
-            raise ConfigError("config key 'algo.ema': must be in [0, 1]")
+    def rules(cls) -> dict[str, Range]:
+        return {"algo.ema": UNIT}  # the target's EMA rate (1: the target never moves)

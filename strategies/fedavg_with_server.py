@@ -19,7 +19,8 @@ from strategies.parts import (
     SupervisedTrainer,
     TestAccuracy,
 )
-from tasks.config import ConfigError
+from strategies.server_sl import LABELS_AT_SERVER_RULES
+from tasks.config import ConfigError, Range
 
 LOSSES = ("crl", "selftrain")
 
@@ -61,15 +62,15 @@ class FedAvgWithServer(ServerHalf):
         }
 
     @classmethod
+    def rules(cls) -> dict[str, Range]:
+        return LABELS_AT_SERVER_RULES
+
+    @classmethod
     def check_config(cls, cfg: dict[str, Any]) -> None:
         algo = cfg["algo"]
         if algo["loss"] not in LOSSES:
             raise ConfigError(
                 f"config key 'algo.loss': {algo['loss']!r} is not one of crl, selftrain"
-            )
-        if not 0.0 <= algo["threshold"] <= 1.0:
-            raise ConfigError(
-                f"config key 'algo.threshold': must be in [0, 1], got {algo['threshold']}"
             )
         if cfg["server"]["local_steps"] < 1 or cfg["client"]["local_steps"] < 1:
             raise ConfigError(

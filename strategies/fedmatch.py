@@ -33,8 +33,19 @@ from strategies.parts import (
     array_problem,
     to_record,
 )
+from strategies.server_sl import RANDAUGMENT_RULES
 from tasks.aggregate import weighted_average
-from tasks.config import ConfigError
+from tasks.config import (
+    MAX_BATCH,
+    MAX_CLIENTS,
+    MAX_ROUNDS,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    ConfigError,
+    Range,
+    between,
+)
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -253,6 +264,22 @@ class FedMatch(ServerHalf):
                 "randaugment_n": 2,  # RandAugment view pi(u) of eq. 2
                 "randaugment_m": 5.0,  # official: magnitude drawn in 2..5 of 10
             },
+        }
+
+    @classmethod
+    def rules(cls) -> dict[str, Range]:
+        weights = ("lambda_i", "lambda_a", "lambda_l1", "lambda_l2")
+        return {
+            "algo.psi_factor": UNIT,
+            "algo.num_helpers": between(0, MAX_CLIENTS),
+            "algo.helper_interval": between(1, MAX_ROUNDS),
+            "algo.confidence": UNIT,
+            "algo.lambda_s": POSITIVE,
+            **{f"algo.{key}": NON_NEGATIVE for key in weights},
+            "algo.l1_threshold": NON_NEGATIVE,
+            "algo.delta": NON_NEGATIVE,
+            "algo.labeled_batch_size": between(1, MAX_BATCH),
+            **RANDAUGMENT_RULES,
         }
 
     @classmethod

@@ -13,7 +13,7 @@ from typing import Any
 
 from strategies.fedavg_with_server import FedAvgWithServer
 from strategies.parts import GroupedAverage, ServerSide
-from tasks.config import ConfigError, deep_merge
+from tasks.config import MAX_CLIENTS, Range, between, deep_merge
 
 
 class FedRGD(FedAvgWithServer):
@@ -25,12 +25,8 @@ class FedRGD(FedAvgWithServer):
         return deep_merge(super().defaults(), {"algo": {"groups": 2}})
 
     @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        super().check_config(cfg)
-        if cfg["algo"]["groups"] < 1:
-            raise ConfigError(
-                f"config key 'algo.groups': must be >= 1, got {cfg['algo']['groups']}"
-            )
+    def rules(cls) -> dict[str, Range]:
+        return {**super().rules(), "algo.groups": between(1, MAX_CLIENTS)}
 
     @classmethod
     def aggregator(cls, server: ServerSide) -> GroupedAverage:

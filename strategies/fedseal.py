@@ -14,7 +14,8 @@ from flwr.app import ArrayRecord
 
 from strategies.loop import Parts, ServerHalf
 from strategies.parts import Metrics, ServerSide
-from tasks.config import ConfigError
+from strategies.server_sl import RANDAUGMENT_RULES
+from tasks.config import MAX_ROUNDS, UNIT, ConfigError, Range, between
 from tasks.selfensemble import class_thresholds
 from tasks.train import predict_logits
 
@@ -78,13 +79,22 @@ class FedSEAL(ServerHalf):
         }
 
     @classmethod
+    def rules(cls) -> dict[str, Range]:
+        # theta, tau and the weight lambda of eq. 13 are probabilities or fractions.
+        unit = ("theta", "fixed_threshold", "tau_max", "lambda_start", "lambda_end")
+        return {
+            **{f"algo.{key}": UNIT for key in unit},
+            "algo.lambda_ramp_rounds": between(0, MAX_ROUNDS),
+            **RANDAUGMENT_RULES,
+        }
+
+    @classmethod
     def check_config(cls, cfg: dict[str, Any]) -> None:
-        algo = cfg["algo"]
-        for key in ("theta", "fixed_threshold", "tau_max", "lambda_start", "lambda_end"):
-            if not 0.0 <= algo[key] <= 1.0:
-                raise ConfigError(f"config key 'algo.{key}': must be in [0, 1], got {algo[key]}")
-        if algo["lambda_ramp_rounds"] < 0:
-            raise ConfigError("config key 'algo.lambda_ramp_rounds': must be >= 0")
+        if cfg["algo"]["classwise_threshold"] and cfg["split"]["val_size"] == 0:
+            raise ConfigError(
+                "config key 'split.val_size': fedseal's class-wise thresholds (eq. 5) come "
+                "from the validation set; set it > 0 (or algo.classwise_threshold to false)"
+            )
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:

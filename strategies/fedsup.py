@@ -31,7 +31,8 @@ from strategies.parts import (
     TestAccuracy,
     numpy_state,
 )
-from tasks.config import ConfigError
+from strategies.server_sl import RANDAUGMENT_RULES
+from tasks.config import MAX_CLIENTS, NON_NEGATIVE, POSITIVE, ConfigError, Range, between
 from tasks.data import dataset_info
 from tasks.models import (
     classifier_keys,
@@ -134,12 +135,20 @@ class FedSup(ServerHalf):
         }
 
     @classmethod
+    def rules(cls) -> dict[str, Range]:
+        # feature_blocks' upper bound is the model's block count (check_config).
+        return {
+            "algo.lambda_s": POSITIVE,
+            "algo.feature_blocks": NON_NEGATIVE,
+            "algo.first_block": NON_NEGATIVE,
+            "algo.consistency_weight": NON_NEGATIVE,
+            "algo.groups": between(1, MAX_CLIENTS),
+            **RANDAUGMENT_RULES,
+        }
+
+    @classmethod
     def check_config(cls, cfg: dict[str, Any]) -> None:
         algo, mcfg = cfg["algo"], cfg["model"]
-        if algo["lambda_s"] <= 0:
-            raise ConfigError(f"config key 'algo.lambda_s': must be > 0, got {algo['lambda_s']}")
-        if algo["groups"] < 1:
-            raise ConfigError(f"config key 'algo.groups': must be >= 1, got {algo['groups']}")
         model = model_for(mcfg, dataset_info(cfg["dataset"]["name"]))
         if not has_ssl_heads(model, predictor=True):
             raise ConfigError(

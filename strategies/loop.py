@@ -45,6 +45,7 @@ from strategies.parts import (
     mean_metrics,
     record_bytes,
 )
+from tasks.config import Range
 from tasks.train import derive_seed
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
@@ -61,14 +62,20 @@ class RunStalled(RuntimeError):
 
 # A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".
 EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]*\.)?(\w*(?:Error|Exception|Exit|Interrupt)): (\S.*)$")
+# A deployed ClientApp's exception as Flower relays it: "<class 'a.b.ConfigError'>:<'...'>".
+RELAYED = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>$", re.S)
 
 
 def failure_cause(reason: str) -> str:
     """A failed client's reason cut to its cause: the last exception line with a message in
-    the traceback Flower relays (Ray wraps the client's own error), else the whole text."""
+    the traceback Flower relays (Ray wraps the client's own error), else the exception of a
+    deployed ClientApp, else the whole text."""
     causes = [
         m.group(1) + ": " + m.group(2) for m in map(EXCEPTION_LINE.match, reason.splitlines()) if m
     ]
+    relayed = RELAYED.match(reason.strip())
+    if not causes and relayed:
+        causes = [relayed.group(1) + ": " + relayed.group(2)]
     return one_line(causes[-1] if causes else reason)
 
 
@@ -493,6 +500,11 @@ class ServerHalf:
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Method-specific defaults merged over tasks.config.DEFAULTS (algo keys included)."""
+        return {}
+
+    @classmethod
+    def rules(cls) -> dict[str, Range]:
+        """The range of each numeric key ``defaults`` adds (beside tasks.config.RULES)."""
         return {}
 
     @classmethod

@@ -2,16 +2,20 @@
 
 An experiment is a nested mapping. Every key has a default below (or in the
 method's own ``algo`` defaults); the type of the default is the type a value
-must have. Unknown keys and values of the wrong type raise :class:`ConfigError`
-with one line naming the key and what is allowed, before any training starts.
+must have, and every numeric key has a range its meaning allows (:data:`RULES`, and
+each method's ``rules`` beside its defaults). Unknown keys, values of the wrong type,
+NaN and infinities, and values outside their range raise :class:`ConfigError` with one
+line naming the key and what is allowed, before any training starts.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +147,113 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class Range:
+    """The interval a numeric key's value must lie in; None = unbounded on that side."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` lies in the interval (NaN never does)."""
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below and not math.isnan(value)
+
+    def __str__(self) -> str:
+        """'> 0', '>= 1', 'in [0, 1)', 'in [1, 100000]'."""
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {show(self.low)}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{show(self.low)}, {show(self.high)}{right}"
+
+
+def show(value: Any) -> str:
+    """A number as a user types it: 1 not 1.0, 1e+12 not 1000000000000.0."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def between(low: float, high: float, high_open: bool = False) -> Range:
+    """[low, high] (or [low, high))."""
+    return Range(low, high, high_open=high_open)
+
+
+POSITIVE = Range(0, low_open=True)  # rates, temperatures, timeouts
+NON_NEGATIVE = Range(0)  # loss weights, decays, thresholds on magnitudes
+UNIT = between(0, 1)  # probabilities, thresholds, fractions
+MOMENTUM = between(0, 1, high_open=True)
+
+# Upper bounds on counts, far above any real run, so that a typo (an extra digit or
+# three) is refused at once instead of hanging a run or exhausting memory.
+MAX_ROUNDS = 100_000
+MAX_EPOCHS = 10_000  # per round, the bootstrap, the evaluation protocols
+MAX_STEPS = 1_000_000  # SGD steps per round
+MAX_BATCH = 1_000_000
+MAX_CLIENTS = 100_000
+MAX_IMAGES = 1_000_000  # a generated split; real splits are bounded by the dataset
+MAX_WIDTH = 16_384  # a head's or an SSL projector's width (BYOL: 4096)
+MAX_CPUS = 1_024
+MAX_SEED = 2**32 - 1  # numpy's seed range
+
+# Every numeric key of DEFAULTS and the range its meaning allows (a method's own keys:
+# ServerHalf.rules beside its defaults). Every float must also be finite.
+RULES: dict[str, Range] = {
+    "seed": between(0, MAX_SEED),
+    "rounds": between(1, MAX_ROUNDS),
+    "dataset.synthetic_train_size": between(1, MAX_IMAGES),
+    "dataset.synthetic_test_size": between(1, MAX_IMAGES),
+    "split.labeled_per_class": between(0, MAX_IMAGES),
+    "split.val_size": between(0, MAX_IMAGES),
+    "split.test_size": between(0, MAX_IMAGES),
+    "split.num_clients": between(1, MAX_CLIENTS),
+    "split.client_size": between(0, MAX_IMAGES),
+    "split.dirichlet_alpha": POSITIVE,
+    "split.target_r": UNIT,
+    "split.client_labeled_per_class": between(0, MAX_IMAGES),
+    "split.stream_steps": between(0, MAX_IMAGES),
+    "split.stream_rounds_per_step": between(1, MAX_ROUNDS),
+    "model.dropout": between(0, 1, high_open=True),
+    "model.head_size": between(0, MAX_WIDTH),
+    "model.projector_dim": between(0, MAX_WIDTH),
+    "model.predictor_dim": between(0, MAX_WIDTH),
+    **{
+        f"{half}.{key}": rule
+        for half in ("server", "client")
+        for key, rule in {
+            "epochs": between(0, MAX_EPOCHS),
+            "lr": POSITIVE,
+            "lr_decay": Range(0, 1, low_open=True),
+            "momentum": MOMENTUM,
+            "weight_decay": NON_NEGATIVE,
+            "batch_size": between(1, MAX_BATCH),
+            "local_steps": between(0, MAX_STEPS),
+        }.items()
+    },
+    "server.bootstrap_epochs": between(0, MAX_EPOCHS),
+    "client.proximal_mu": NON_NEGATIVE,
+    "lr_schedule.epochs": between(0, MAX_EPOCHS * MAX_ROUNDS),
+    "lr_schedule.warmup_epochs": between(0, MAX_EPOCHS * MAX_ROUNDS),
+    "lr_schedule.epoch_samples": between(1, MAX_IMAGES * MAX_EPOCHS),
+    "lr_schedule.cycles": NON_NEGATIVE,
+    "lr_schedule.floor": UNIT,
+    "federation.clients_per_round": between(0, MAX_CLIENTS),
+    "federation.min_clients": between(0, MAX_CLIENTS),
+    "federation.timeout_s": POSITIVE,
+    "federation.max_failed_rounds": between(1, MAX_ROUNDS),
+    "simulation.num_cpus": between(1, MAX_CPUS),
+    "simulation.num_gpus": UNIT,
+    "eval.batch_size": between(1, MAX_BATCH),
+    "eval.protocol_every": between(0, MAX_ROUNDS),
+    "eval.finetune_epochs": between(1, MAX_EPOCHS),
+    "eval.finetune_lr": POSITIVE,
+    "eval.linear_epochs": between(1, MAX_EPOCHS),
+    "eval.linear_lr": POSITIVE,
+    "augment.weak_shift": between(0, 0.5),
+}
+
+
 def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """Return a copy of ``base`` with ``update`` merged in recursively."""
     out = copy.deepcopy(base)
@@ -220,6 +331,8 @@ def _check_type(key: str, value: Any, default: Any) -> Any:
         ok = is_number and isinstance(value, int)
     elif isinstance(default, float):
         ok, value = is_number, float(value) if is_number else value
+        if ok and not math.isfinite(value):
+            raise ConfigError(f"config key '{key}': must be a finite number, got {show(value)}")
     else:
         ok = isinstance(value, str)
     if not ok:
@@ -262,75 +375,40 @@ def resolve(
     raw: Mapping[str, Any],
     method_defaults: Mapping[str, Any],
     choices: Mapping[str, tuple[str, ...]],
+    method_rules: Mapping[str, Range] | None = None,
 ) -> dict[str, Any]:
     """Validate a raw experiment mapping against DEFAULTS with the method's own defaults
     merged in; return the full config. ``choices``: allowed values of more keys (the
-    registered datasets and models)."""
+    registered datasets and models); ``method_rules``: the ranges of the method's own
+    numeric keys (beside RULES)."""
     schema = deep_merge(DEFAULTS, method_defaults)
     cfg = _validate(raw, schema, "")
     for key, allowed in {**CHOICES, **choices}.items():
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {', '.join(allowed)}")
+    _check_rules(cfg, {**RULES, **(method_rules or {})})
     _check_ranges(cfg)
     return cfg
 
 
-# Numeric keys and their smallest sensible value.
-MINIMUM: dict[str, float] = {
-    "rounds": 1,
-    "split.num_clients": 1,
-    "split.client_size": 0,
-    "server.batch_size": 1,
-    "client.batch_size": 1,
-    "eval.batch_size": 1,
-    "simulation.num_cpus": 1,
-    "server.epochs": 0,
-    "server.bootstrap_epochs": 0,
-    "client.epochs": 0,
-    "split.val_size": 0,
-    "split.labeled_per_class": 0,
-    "split.client_labeled_per_class": 0,
-    "split.stream_steps": 0,
-    "split.stream_rounds_per_step": 1,
-    "split.test_size": 0,
-    "client.proximal_mu": 0,
-    "federation.clients_per_round": 0,
-    "federation.min_clients": 0,
-    "federation.max_failed_rounds": 1,
-    "simulation.num_gpus": 0,
-    "server.local_steps": 0,
-    "client.local_steps": 0,
-    "lr_schedule.epochs": 0,
-    "lr_schedule.warmup_epochs": 0,
-    "lr_schedule.epoch_samples": 1,
-    "lr_schedule.floor": 0,
-    "model.head_size": 0,
-    "eval.protocol_every": 0,
-    "eval.finetune_epochs": 1,
-    "eval.linear_epochs": 1,
-    "model.projector_dim": 0,
-    "model.predictor_dim": 0,
-}
+def _check_rules(cfg: Mapping[str, Any], rules: Mapping[str, Range]) -> None:
+    """Each numeric key inside the range its rule allows."""
+    for key, rule in rules.items():
+        value = _get(cfg, key)
+        if not rule.holds(value):
+            raise ConfigError(f"config key '{key}': must be {rule}, got {show(value)}")
 
 
 def _check_ranges(cfg: Mapping[str, Any]) -> None:
-    """Values that have the right type but make no sense."""
-    for key, low in MINIMUM.items():
-        if _get(cfg, key) < low:
-            raise ConfigError(f"config key '{key}': must be >= {low}, got {_get(cfg, key)}")
-    if not 0.0 <= cfg["split"]["target_r"] <= 1.0:
-        raise ConfigError(
-            f"config key 'split.target_r': must be in [0, 1], got {cfg['split']['target_r']}"
-        )
-    if cfg["split"]["dirichlet_alpha"] <= 0:
-        raise ConfigError("config key 'split.dirichlet_alpha': must be > 0")
-    for key in ("eval.finetune_lr", "eval.linear_lr"):
-        if _get(cfg, key) <= 0:
-            raise ConfigError(f"config key '{key}': must be > 0, got {_get(cfg, key)}")
+    """Values inside their ranges that still make no sense together."""
+    for key in ("federation.clients_per_round", "federation.min_clients"):
+        if _get(cfg, key) > cfg["split"]["num_clients"]:
+            raise ConfigError(
+                f"config key '{key}': must be <= split.num_clients "
+                f"({cfg['split']['num_clients']}), got {_get(cfg, key)}"
+            )
     dropout = cfg["model"]["dropout"]
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"config key 'model.dropout': must be in [0, 1), got {dropout}")
     if dropout and cfg["model"]["name"] != "small_cnn":
         raise ConfigError(
             f"config key 'model.dropout': only small_cnn has a dropout layer, "

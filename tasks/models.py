@@ -376,6 +376,15 @@ def without_ssl_heads(mcfg: Mapping[str, Any]) -> dict[str, Any]:
     return {**mcfg, "projector_dim": 0, "predictor_dim": 0}
 
 
+def check_head_size(head_size: int, num_classes: int) -> None:
+    """A head of ``head_size`` outputs (0: one per class) must hold every class."""
+    if 0 < head_size < num_classes:
+        raise ConfigError(
+            f"config key 'model.head_size': {head_size} outputs cannot hold the "
+            f"{num_classes} classes (0 means one output per class)"
+        )
+
+
 def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
     """The experiment's model (``model`` config section) for a dataset-like object.
 
@@ -384,11 +393,7 @@ def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
     ``model.projector_dim`` and ``model.predictor_dim`` (0: none) add the SSL heads.
     """
     head_size = int(mcfg.get("head_size", 0))
-    if 0 < head_size < data.num_classes:
-        raise ConfigError(
-            f"config key 'model.head_size': {head_size} outputs cannot hold the "
-            f"{data.num_classes} classes (0 means one output per class)"
-        )
+    check_head_size(head_size, data.num_classes)
     return build_model(
         mcfg["name"],
         data.channels,

@@ -225,6 +225,7 @@ def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
     client_labeled = [
         _client_labeled(c, labels, k, scfg["client_labeled_per_class"]) for c in clients
     ]
+    _check_clients(clients, client_labeled, scfg)
     test = _test_indices(ds, scfg["test_size"], rng)
     hists = np.array([histogram(labels, c, k) for c in clients])
     summary = {
@@ -240,6 +241,24 @@ def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
         "partitioner": scfg["partitioner"],
     }
     return Split(server, val, test, clients, client_labeled, summary)
+
+
+def _check_clients(
+    clients: list[np.ndarray], client_labeled: list[np.ndarray], scfg: Mapping[str, Any]
+) -> None:
+    """Every client holds images, and enough unlabeled ones for its streaming steps."""
+    empty = [i for i, c in enumerate(clients) if len(c) == 0]
+    if empty:
+        raise ConfigError(
+            f"config key 'split.num_clients': {len(clients)} clients leave client {empty[0]} "
+            "without images; lower it or make the server's and validation sets smaller"
+        )
+    unlabeled = min(len(c) - len(lab) for c, lab in zip(clients, client_labeled))
+    if scfg["stream_steps"] > unlabeled:
+        raise ConfigError(
+            f"config key 'split.stream_steps': must be <= the smallest client's {unlabeled} "
+            f"unlabeled images, got {scfg['stream_steps']}"
+        )
 
 
 def _client_labeled(client: np.ndarray, labels: np.ndarray, k: int, per_class: int) -> np.ndarray:

@@ -153,6 +153,33 @@ def test_node_with_missing_data_folder_fails_alone(two_node_experiment, tmp_path
 
 
 @pytest.mark.e2e
+def test_a_run_whose_clients_all_fail_stops_with_exit_1_and_one_line(two_node_experiment, tmp_path):
+    """Every node's own folder holds a file that is no image: no config check can know it,
+    every client fails every round, and federation.max_failed_rounds (3) stops the run."""
+    node_data = []
+    for k in (0, 1):
+        folder = tmp_path / f"node{k}"
+        folder.mkdir()
+        (folder / "broken.png").write_bytes(b"not a PNG")
+        node_data += ["--node-data", f"{k}={folder}"]
+    out = tmp_path / "deploy"
+    proc = ssfl(
+        "deploy-local",
+        str(two_node_experiment),
+        *("--nodes", "2", "--rounds", "6", "--quiet", *node_data, "--out", str(out)),
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    prefix = "ssfl: deployment failed: "
+    assert last.startswith(f"{prefix}no client update accepted in 3 rounds in a row")
+    assert last.count("ConfigError: data-path") == 2  # each client's cause
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "failed" and [r["round"] for r in res["rounds"]] == [1, 2, 3]
+    assert [r["failures"] for r in res["rounds"]] == [2, 2, 2]
+    assert res["failure"] == last.removeprefix(prefix)
+
+
+@pytest.mark.e2e
 def test_unregistered_or_untrusting_node_is_refused(tmp_path):
     home = Path(tempfile.mkdtemp(prefix="ssfl-test-deploy-"))
     deployment = LocalDeployment.create(home, tmp_path / "logs")

@@ -13,9 +13,8 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 
 import ssfl.runner
 from ssfl.cli import main
-from ssfl.experiment import resolve_config
+from ssfl.experiment import resolve_config, reusable
 from ssfl.runner import RunFailed, submit_run
-from ssfl.sweep import reusable
 from strategies.loop import RunStalled, failure_cause
 from strategies.parts import numpy_state
 from tasks.config import ConfigError
@@ -291,4 +290,6 @@ def test_a_failed_clients_reason_is_cut_to_its_cause():
     )
     assert failure_cause(relayed) == "ValueError: Invalid learning rate: -1.0"
     assert failure_cause("RuntimeError: injected") == "RuntimeError: injected"
+    deployed = "<class 'tasks.config.ConfigError'>:<'data-path '/n0': cannot read x.png (bad)'>"
+    assert failure_cause(deployed) == "ConfigError: data-path '/n0': cannot read x.png (bad)"
     assert failure_cause("the node went away\nfor good") == "the node went away for good"

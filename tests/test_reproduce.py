@@ -75,7 +75,7 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
 
 
 def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
-    from ssfl.reproduce import same_config
+    from ssfl.experiment import same_config
 
     cfg = resolve_experiment("experiments/fmnist-las/fedseal.yaml", None, None, [])
     moved = json.loads(json.dumps(cfg))

@@ -1,0 +1,423 @@
+"""Where a round's time goes: every part of a method's round against its bare arithmetic.
+
+Three measurements of the same experiment and rounds:
+
+1. **flower**: ``ssfl run`` itself (SuperLink, simulation engine, Ray actors); its
+   steady-state round is the median ``seconds`` of rounds 2..N of results.json, its
+   start-up the wall time outside the rounds (start-up plus shut-down).
+2. **profiled**: the same rounds in this process with the real client and server halves
+   (tests/harness.py's in-process grid, no Flower transport), each second attributed to
+   one phase (clients, server training, aggregation, evaluation, messages: encoding the
+   clients' records) and, inside a phase, to one kind: model forward, backward, optimizer
+   step, augmentation (the tasks.augment modules), client set-up (data and model load)
+   or other (batch gathering, losses, copies, bookkeeping). Torch runs one thread, as in
+   a simulation client actor.
+3. **bare**: every model pass the profiled round made (forward, with or without
+   gradient, backward, optimizer step, on random batches of the recorded shapes),
+   replayed with no augmentation, data or Flower; the clients' passes spread over as
+   many one-thread worker processes as the simulation runs clients at once, then the
+   server's passes. This is the arithmetic a round must do anyway.
+
+``round_over_arithmetic`` = the flower steady-state round / the bare round (issue
+target: <= 1.3). Prints a table and writes JSON (``--json``).
+
+    python benchmarks/round_profile.py experiments/fmnist-las/fedseal.yaml --rounds 3 \
+        --json results/round-profile/fedseal.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ssfl.experiment import check_data, resolve_experiment  # noqa: E402
+from tasks.augment import RandAugment, StrongAugment, WeakAugment  # noqa: E402
+from tasks.train import resolve_device  # noqa: E402
+from tests.harness import InProcessGrid, build_strategy  # noqa: E402
+
+AUGMENTERS = (WeakAugment, RandAugment, StrongAugment)
+PHASES = ("clients", "server training", "aggregation", "evaluation", "messages", "loop")
+KINDS = ("forward", "backward", "optimizer", "augmentation", "setup", "other")
+
+Pass = tuple[str, Any]  # ("fwd", (model key, shape, grad)) | ("bwd", None) | ("step", key)
+
+
+@dataclass
+class RoundTrace:
+    """One profiled round: exclusive seconds per (phase, kind) and the model passes made,
+    per client (partition) and for the server."""
+
+    seconds: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    client_passes: dict[int, list[Pass]] = field(default_factory=lambda: defaultdict(list))
+    server_passes: list[Pass] = field(default_factory=list)
+    wall: float = 0.0
+
+
+class Profiler:
+    """Attributes wall time to the innermost open (phase, kind); records model passes."""
+
+    def __init__(self) -> None:
+        self.phase = "loop"
+        self.kinds: list[str] = ["other"]
+        self.mark = time.perf_counter()
+        self.trace = RoundTrace()
+        self.models: dict[str, nn.Module] = {}
+        self.client: int | None = None
+        self.depth = 0  # nesting of module calls: only the outermost is a pass
+
+    def flush(self) -> None:
+        now = time.perf_counter()
+        self.trace.seconds[(self.phase, self.kinds[-1])] += now - self.mark
+        self.mark = now
+
+    @contextmanager
+    def kind(self, name: str) -> Iterator[None]:
+        self.flush()
+        self.kinds.append(name)
+        try:
+            yield
+        finally:
+            self.flush()
+            self.kinds.pop()
+
+    @contextmanager
+    def in_phase(self, name: str, client: int | None = None) -> Iterator[None]:
+        self.flush()
+        outer, outer_kinds, outer_client = self.phase, self.kinds, self.client
+        self.phase, self.kinds, self.client = name, ["other"], client
+        try:
+            yield
+        finally:
+            self.flush()
+            self.phase, self.kinds, self.client = outer, outer_kinds, outer_client
+
+    def record(self, item: Pass) -> None:
+        if self.client is None:
+            self.trace.server_passes.append(item)
+        else:
+            self.trace.client_passes[self.client].append(item)
+
+    def model_key(self, module: nn.Module) -> str:
+        """A name for the module's architecture and shapes; a copy kept for the replay."""
+        key = f"{type(module).__name__}:{sum(p.numel() for p in module.parameters())}"
+        if key not in self.models:
+            self.models[key] = copy.deepcopy(module).cpu()
+        return key
+
+    # ----- hooks -------------------------------------------------------------------
+    def before_forward(self, module: nn.Module, args: tuple) -> None:
+        self.depth += 1
+        if self.depth > 1:
+            return
+        self.flush()
+        self.kinds.append("augmentation" if isinstance(module, AUGMENTERS) else "forward")
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if self.kinds[-1] == "forward" and x is not None:
+            shape = tuple(x.shape)
+            self.record(("fwd", (self.model_key(module), shape, torch.is_grad_enabled())))
+
+    def after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.flush()
+            self.kinds.pop()
+
+    def install(self) -> Callable[[], None]:
+        """Global hooks on every module call, backward and optimizer step; returns undo."""
+        handles = [
+            nn.modules.module.register_module_forward_pre_hook(self.before_forward),
+            nn.modules.module.register_module_forward_hook(self.after_forward),
+            register_optimizer_step_pre_hook(self.before_step),
+            register_optimizer_step_post_hook(self.after_step),
+        ]
+        tensor_backward = torch.Tensor.backward
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            self.record(("bwd", None))
+            with self.kind("backward"):
+                tensor_backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+        def undo() -> None:
+            for handle in handles:
+                handle.remove()
+            torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
+
+        return undo
+
+    def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.flush()
+        self.kinds.append("optimizer")
+        self.record(("step", optimizer.defaults.get("lr", 0.0)))
+
+    def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.flush()
+        self.kinds.pop()
+
+
+def wrap(obj: Any, name: str, profiler: Profiler, phase: str) -> None:
+    """Run ``obj.name`` inside ``phase``."""
+    original = getattr(obj, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with profiler.in_phase(phase):
+            return original(*args, **kwargs)
+
+    setattr(obj, name, wrapped)
+
+
+class ProfiledGrid(InProcessGrid):
+    """The in-process grid with each client's handler inside the ``clients`` phase."""
+
+    def __init__(self, num_nodes: int, profiler: Profiler):
+        super().__init__(num_nodes)
+        self.profiler = profiler
+
+    def handle(self, msg: Any) -> Any:
+        pid = self.partition[msg.metadata.dst_node_id]
+        with self.profiler.in_phase("clients", client=pid):
+            return super().handle(msg)
+
+
+def profiled_rounds(cfg: dict[str, Any]) -> tuple[list[RoundTrace], dict[str, nn.Module]]:
+    """Run ``cfg`` in this process with the profiler; one trace per round."""
+    from client_app.base import ClientHalf
+
+    profiler = Profiler()
+    traces: list[RoundTrace] = []
+
+    def on_round(row: dict) -> None:
+        profiler.flush()
+        profiler.trace.wall = time.perf_counter() - started[0]
+        traces.append(profiler.trace)
+        profiler.trace = RoundTrace()
+        started[0] = time.perf_counter()
+
+    strategy = build_strategy(cfg, on_round)
+    parts = strategy.parts
+    wrap(parts.trainer, "train", profiler, "server training")
+    wrap(parts.trainer, "bootstrap", profiler, "server training")
+    if parts.aggregator is not None:
+        wrap(parts.aggregator, "aggregate", profiler, "aggregation")
+    wrap(parts.evaluator, "evaluate", profiler, "evaluation")
+    wrap(strategy.protocols, "evaluate", profiler, "evaluation")
+    wrap(parts.codec, "encode", profiler, "messages")
+    original_init = ClientHalf.__init__
+
+    def init(half: ClientHalf, *args: Any, **kwargs: Any) -> None:
+        with profiler.kind("setup"):
+            original_init(half, *args, **kwargs)
+
+    ClientHalf.__init__ = init  # type: ignore[method-assign]
+    undo = profiler.install()
+    grid = ProfiledGrid(cfg["split"]["num_clients"], profiler)
+    try:
+        with profiler.in_phase("loop"):
+            strategy.parts.trainer.bootstrap()
+        profiler.trace = RoundTrace()
+        started = [time.perf_counter()]
+        profiler.mark = started[0]
+        strategy.start(grid, num_rounds=cfg["rounds"])
+    finally:
+        undo()
+        ClientHalf.__init__ = original_init  # type: ignore[method-assign]
+    return traces, profiler.models
+
+
+def replay(passes: list[Pass], models: dict[str, nn.Module]) -> float:
+    """Seconds to redo ``passes`` on random batches: the bare arithmetic."""
+    torch.manual_seed(0)
+    live: dict[str, nn.Module] = {k: copy.deepcopy(m) for k, m in models.items()}
+    optimizers = {
+        k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in live.items()
+    }
+    kept: list[torch.Tensor] = []
+    last_key = next(iter(live)) if live else ""
+    start = time.perf_counter()
+    for kind, arg in passes:
+        if kind == "fwd":
+            key, shape, grad = arg
+            last_key = key
+            with torch.set_grad_enabled(grad):
+                out = live[key](torch.randn(shape))
+            if grad:
+                kept.append(first_tensor(out).float().mean())
+        elif kind == "bwd" and kept:
+            torch.stack(kept).sum().backward()
+            kept = []
+        elif kind == "step":
+            optimizers[last_key].step()
+            optimizers[last_key].zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def first_tensor(out: Any) -> torch.Tensor:
+    """A model's output, or the first tensor of a tuple/list/dict of outputs."""
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.values() if isinstance(out, dict) else out
+    return next(first_tensor(v) for v in values)
+
+
+def replay_worker(job: tuple[list[Pass], dict[str, nn.Module]]) -> float:
+    torch.set_num_threads(1)
+    return replay(*job)
+
+
+def bare_round(
+    trace: RoundTrace, models: dict[str, nn.Module], workers: int, server_threads: int
+) -> dict[str, float]:
+    """The round's passes replayed: clients over ``workers`` one-thread processes, then
+    the server's passes with ``server_threads`` threads."""
+    lanes: list[list[Pass]] = [[] for _ in range(max(1, workers))]
+    for i, pid in enumerate(sorted(trace.client_passes)):
+        lanes[i % len(lanes)].extend(trace.client_passes[pid])
+    start = time.perf_counter()
+    if trace.client_passes:
+        with multiprocessing.get_context("fork").Pool(len(lanes)) as pool:
+            pool.map(replay_worker, [(lane, models) for lane in lanes])
+    clients = time.perf_counter() - start
+    torch.set_num_threads(server_threads)
+    server = replay(trace.server_passes, models)
+    torch.set_num_threads(1)
+    return {"clients": clients, "server": server, "total": clients + server}
+
+
+def flower_run(experiment: str, rounds: int, sets: list[str]) -> dict[str, Any]:
+    """``ssfl run`` as a user runs it: per-round seconds, wall time outside the rounds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "ssfl.cli", "run", experiment, "--rounds", str(rounds)]
+        cmd += ["--out", str(Path(tmp) / "run")] + [a for s in sets for a in ("--set", s)]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - start
+        if done.returncode:
+            raise SystemExit(f"round_profile: ssfl run exited {done.returncode}")
+        rows = json.loads((Path(tmp) / "run" / "results.json").read_text())["rounds"]
+    seconds = [r["seconds"] for r in rows]
+    return {
+        "round_seconds": seconds,
+        "steady_round_s": steady(seconds),
+        "outside_rounds_s": wall - sum(seconds),
+        "wall_s": wall,
+    }
+
+
+def steady(values: list[float]) -> float:
+    """The median of rounds 2..N (round 1 alone when N = 1)."""
+    return statistics.median(values[1:] or values)
+
+
+def phase_table(traces: list[RoundTrace]) -> dict[str, dict[str, float]]:
+    """Mean exclusive seconds per phase and kind over the steady rounds (2..N)."""
+    rounds = traces[1:] or traces
+    table: dict[str, dict[str, float]] = {}
+    for phase in PHASES:
+        row = {k: statistics.mean(t.seconds.get((phase, k), 0.0) for t in rounds) for k in KINDS}
+        if any(row.values()):
+            table[phase] = row
+    return table
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a markdown table plus the headline ratios."""
+    lines = ["| phase | " + " | ".join(KINDS) + " | total |", "|---" * (len(KINDS) + 2) + "|"]
+    for phase, row in report["profiled"]["phases"].items():
+        cells = " | ".join(f"{row[k]:.2f}" for k in KINDS)
+        lines.append(f"| {phase} | {cells} | {sum(row.values()):.2f} |")
+    flower, bare = report["flower"], report["bare"]
+    lines += [
+        "",
+        f"profiled round (in process, steady): {report['profiled']['steady_round_s']:.2f} s",
+        f"flower round (ssfl run, steady): {flower['steady_round_s']:.2f} s; "
+        f"outside rounds (start-up + shut-down): {flower['outside_rounds_s']:.1f} s",
+        f"bare arithmetic: {bare['total']:.2f} s (clients {bare['clients']:.2f} s on "
+        f"{report['parallel_clients']} processes, server {bare['server']:.2f} s)",
+        f"round_over_arithmetic: {report['round_over_arithmetic']:.2f}",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("experiment")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", dest="sets", action="append", default=[])
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.rounds < 1:
+        raise SystemExit("round_profile: --rounds must be >= 1")
+    cfg = resolve_experiment(args.experiment, args.rounds, None, args.sets)
+    if resolve_device(cfg["device"]).type != "cpu":
+        raise SystemExit("round_profile: profiles CPU runs only (set device: cpu)")
+    check_data(cfg)
+    cores = os.cpu_count() or 1
+    parallel = max(
+        1,
+        min(
+            cfg["federation"]["clients_per_round"] or cfg["split"]["num_clients"],
+            cores // cfg["simulation"]["num_cpus"],
+        ),
+    )
+    flower = flower_run(args.experiment, args.rounds, args.sets)
+    torch.set_num_threads(1)
+    traces, models = profiled_rounds(cfg)
+    steady_trace = traces[-1]
+    bare = bare_round(steady_trace, models, parallel, cores)
+    report = {
+        "experiment": args.experiment,
+        "method": cfg["method"],
+        "rounds": args.rounds,
+        "sets": args.sets,
+        "cores": cores,
+        "parallel_clients": parallel,
+        "flower": flower,
+        "profiled": {
+            "round_seconds": [t.wall for t in traces],
+            "steady_round_s": steady([t.wall for t in traces]),
+            "phases": phase_table(traces),
+            "passes": {
+                "clients": sum(len(p) for p in steady_trace.client_passes.values()),
+                "server": len(steady_trace.server_passes),
+            },
+        },
+        "bare": bare,
+        "round_over_arithmetic": flower["steady_round_s"] / bare["total"],
+    }
+    print(markdown(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""benchmarks/round_profile.py: every second of a round attributed once, every pass replayed."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from ssfl.experiment import resolve_config
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def profile():
+    spec = importlib.util.spec_from_file_location(
+        "round_profile", ROOT / "benchmarks/round_profile.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["round_profile"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_profiled_round_attributes_its_wall_time_once_and_records_each_clients_passes(
+    profile, synthetic_raw
+):
+    split = {**synthetic_raw["split"], "client_size": 100}
+    cfg = resolve_config({**synthetic_raw, "rounds": 1, "split": split})
+    traces, models = profile.profiled_rounds(cfg)
+    assert len(traces) == 1
+    for trace in traces:
+        attributed = sum(trace.seconds.values())
+        assert attributed == pytest.approx(trace.wall, rel=0.02, abs=0.01)
+        assert sorted(trace.client_passes) == [0, 1, 2]
+        for passes in trace.client_passes.values():
+            kinds = [kind for kind, _ in passes]
+            assert kinds.count("step") >= 1 and kinds.count("bwd") == kinds.count("step")
+            assert kinds[0] == "fwd"
+        server_forwards = [arg for kind, arg in trace.server_passes if kind == "fwd"]
+        assert any(not grad for _, _, grad in server_forwards)  # evaluation
+        assert trace.seconds[("clients", "forward")] > 0
+        assert trace.seconds[("clients", "augmentation")] > 0
+        assert trace.seconds[("evaluation", "forward")] > 0
+    table = profile.phase_table(traces)
+    assert set(table) <= set(profile.PHASES) and "clients" in table
+    assert profile.replay(traces[-1].client_passes[0], models) > 0
+
+
+def test_the_steady_round_is_the_median_after_round_one(profile):
+    assert profile.steady([9.0, 2.0, 4.0, 3.0]) == 3.0
+    assert profile.steady([5.0]) == 5.0
