@@ -36,7 +36,20 @@ from strategies.parts import (
     to_record,
 )
 from tasks.aggregate import weighted_average
-from tasks.config import DEFAULTS, ConfigError
+from tasks.config import (
+    DEFAULTS,
+    MAX_CLIENTS,
+    MAX_IMAGES,
+    MAX_ROUNDS,
+    MAX_STEPS,
+    MAX_WIDTH,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    ConfigError,
+    Range,
+    between,
+)
 from tasks.data import dataset_info
 from tasks.models import classifier_keys, head_of, model_for
 from tasks.openworld import (
@@ -263,6 +276,36 @@ class FedoSSL(ServerHalf):
                 "weighted_average": True,  # section 3.1: n_i / n weights (code: uniform)
                 "personal": "none",  # head: FedRep (Fed-RO); all: Local-O
             },
+        }
+
+    @classmethod
+    def rules(cls) -> dict[str, Range]:
+        # global_centroids' upper bound is the class count, local_centroids' the samples
+        # (check_config); beta may be negative (the code's flipped sign of R_i).
+        return {
+            "split.labeled_fraction": Range(0, 1, low_open=True, high_open=True),
+            "split.role_clients": between(0, MAX_CLIENTS),
+            "split.samples_per_class": between(0, MAX_IMAGES),
+            "algo.alpha": NON_NEGATIVE,
+            "algo.beta": Range(),
+            "algo.gamma": NON_NEGATIVE,
+            "algo.ce_weight": NON_NEGATIVE,
+            "algo.cluster_weight": NON_NEGATIVE,
+            "algo.entropy_weight": NON_NEGATIVE,
+            "algo.tau": Range(0, 1, low_open=True),
+            "algo.logit_scale": POSITIVE,
+            "algo.max_margin": NON_NEGATIVE,
+            "algo.calibration_threshold": UNIT,
+            "algo.centroid_temperature": POSITIVE,
+            "algo.cluster_from_round": between(1, MAX_ROUNDS),
+            "algo.ce_from_round": between(1, MAX_ROUNDS),
+            "algo.local_centroids": between(1, MAX_IMAGES),
+            "algo.global_centroids": between(0, MAX_WIDTH),
+            "algo.centroid_samples": between(1, MAX_IMAGES),
+            "algo.kmeans_iters": between(0, MAX_STEPS),
+            "algo.sinkhorn_sharpness": POSITIVE,
+            "algo.server_cluster_steps": between(0, MAX_STEPS),
+            "algo.server_cluster_lr": POSITIVE,
         }
 
     @classmethod
