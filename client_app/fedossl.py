@@ -98,7 +98,8 @@ class FedoSSLClient(ClientHalf):
         pair = pair_indices(z1, yl, nl, self.generator)
         l_u = pairwise_loss(p1, p2, pair)
         r = suppressed_loss(p1[nl:], counts, a["tau"])
-        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1) + a["beta"] * r
+        beta = -a["beta"] if a["flip_suppressed"] else a["beta"]
+        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1) + beta * r
         zero = loss.new_zeros(())
         l_ce, l_cluster = zero, zero
         if m is not None:

@@ -254,7 +254,8 @@ class FedoSSL(ServerHalf):
             "client": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 512},
             "algo": {
                 "alpha": 1.0,  # eq. 1: weight of the pairwise objective L_u
-                "beta": 1.0,  # eq. 4: weight of R_i (negative: the code's flipped sign)
+                "beta": 1.0,  # eq. 4: weight of R_i
+                "flip_suppressed": False,  # true: R_i maximised (the code's commented-out sign)
                 "gamma": 1.0,  # eq. 4: weight of L_cal (Fig. 5: 0.5 best); 0 = no centroids
                 "ce_weight": 1.0,  # eq. 7: L_ce (0: Table 3's ablation without L_ce)
                 "cluster_weight": 1.0,  # eq. 7: L_cluster (code: 0.5)
@@ -330,6 +331,9 @@ class FedoSSL(ServerHalf):
             raise ConfigError("config key 'split.class_roles': needs at least one seen class (S)")
         if algo["personal"] not in PERSONAL:
             raise ConfigError(f"config key 'algo.personal': one of {', '.join(PERSONAL)}")
+        for key in ("alpha", "beta", "gamma", "ce_weight", "cluster_weight", "entropy_weight"):
+            if algo[key] < 0:
+                raise ConfigError(f"config key 'algo.{key}': must be >= 0, got {algo[key]}")
         if not 0.0 < algo["tau"] <= 1.0:
             raise ConfigError(f"config key 'algo.tau': must be in (0, 1], got {algo['tau']}")
         if algo["global_centroids"] > classes or algo["global_centroids"] < 0:

@@ -110,6 +110,7 @@ def test_local_only_evaluates_the_mean_over_the_clients_own_models():
         ({"algo": {"global_centroids": 11}}, "algo.global_centroids"),
         ({"algo": {"personal": "some"}}, "algo.personal"),
         ({"algo": {"tau": 0.0}}, "algo.tau"),
+        ({"algo": {"beta": -1.0}}, "algo.beta"),
         ({"server": {"epochs": 1}}, "server.epochs"),
         ({"split": {"labeled_per_class": 5}}, "split.labeled_per_class"),
         ({"split": {"scenario": "labels_at_server"}}, "split.scenario"),
