@@ -282,13 +282,13 @@ class FedoSSL(ServerHalf):
     @classmethod
     def rules(cls) -> dict[str, Range]:
         # global_centroids' upper bound is the class count, local_centroids' the samples
-        # (check_config); beta may be negative (the code's flipped sign of R_i).
+        # (check_config).
         return {
             "split.labeled_fraction": Range(0, 1, low_open=True, high_open=True),
             "split.role_clients": between(0, MAX_CLIENTS),
             "split.samples_per_class": between(0, MAX_IMAGES),
             "algo.alpha": NON_NEGATIVE,
-            "algo.beta": Range(),
+            "algo.beta": NON_NEGATIVE,
             "algo.gamma": NON_NEGATIVE,
             "algo.ce_weight": NON_NEGATIVE,
             "algo.cluster_weight": NON_NEGATIVE,
