@@ -43,6 +43,7 @@ METHODS: dict[str, Method] = {
     "fedavg_simsiam": Method("strategies.fedavg_ssl:FedAvgSimSiam", "client_app.ssl:SimSiamClient"),
     "fedavg_byol": Method("strategies.fedavg_ssl:FedAvgBYOL", "client_app.ssl:BYOLClient"),
     "fedsup": Method("strategies.fedsup:FedSup", "client_app.fedsup:FedSupClient"),
+    "fedossl": Method("strategies.fedossl:FedoSSL", "client_app.fedossl:FedoSSLClient"),
 }  # fmt: skip
 
 # Old method names: a one-line error names the new one.

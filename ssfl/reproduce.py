@@ -200,6 +200,66 @@ TABLES["fedsup-table6.2"] = fedsup_table(
 )
 
 
+# FedoSSL Table 2 (CIFAR-10, 10 clients at 50%), All / Seen / LU / GU / AU accuracy, and the
+# Fashion-MNIST cells of experiments/fmnist-open/ (ablations: Tables 3-4, not in Table 2).
+FEDOSSL_ROWS = {
+    "Local-O": "local_o.yaml",
+    "Cen-O": "cen_o.yaml",
+    "Fed-AO": "fed_ao.yaml",
+    "Fed-RO": "fed_ro.yaml",
+    "FedoSSL w/o R": "fedossl_no_r.yaml",
+    "FedoSSL w/o L_ce": "fedossl_no_ce.yaml",
+    "FedoSSL": "fedossl.yaml",
+}
+FEDOSSL_PAPER = {  # All, Seen, LU, GU, AU (Table 2; Cen-O and Local-O report no LU / GU)
+    "Local-O": (0.6598, 0.7957, None, None, 0.4560),
+    "Cen-O": (0.7826, 0.8663, None, None, 0.7195),
+    "Fed-AO": (0.6946, 0.8101, 0.8938, 0.4203, 0.5215),
+    "Fed-RO": (0.7172, 0.8222, 0.8984, 0.5343, 0.5596),
+    "FedoSSL": (0.7626, 0.8429, 0.9068, 0.5969, 0.6422),
+}
+FEDOSSL_METRICS = {"all": "All", "seen": "Seen", "lu": "LU", "gu": "GU", "unseen": "AU"}
+FEDOSSL_PARTS = list(FEDOSSL_METRICS)
+FEDOSSL_NOTES = [
+    "Paper: CIFAR-10, SimCLR-pretrained ResNet-18, 50 rounds, E = 5, best round. Ours "
+    "(fmnist): Fashion-MNIST, small CNN from scratch, 30 rounds, E = 1, seed 0; 'best' is the "
+    "best round (the paper's), 'final' the last round's. Seen: plain accuracy; All, AU, LU, "
+    "GU: Hungarian-matched (docs/fedossl.md).",
+]
+
+
+def fedossl_table(part: str, best: bool, linked: tuple[str, ...] = ()) -> Table:
+    """One accuracy of FedoSSL's Table 2 over its rows, best round or final round."""
+    index = FEDOSSL_PARTS.index(part)
+    column, which = "Table 2", "best round" if best else "final round"
+    paper = {
+        label: {column: values[index]}
+        for label, values in FEDOSSL_PAPER.items()
+        if best and values[index] is not None
+    }
+    return Table(
+        title=f"FedoSSL Table 2: {FEDOSSL_METRICS[part]} accuracy ({which})",
+        columns={column: []},
+        rows=[Row(label, name, paper.get(label, {})) for label, name in FEDOSSL_ROWS.items()],
+        notes=FEDOSSL_NOTES if part == "all" and best else [],
+        metric=f"final_{'best_' if best else ''}acc_{part}",
+        linked=linked,
+        datasets={"fmnist": "experiments/fmnist-open"},
+    )
+
+
+FEDOSSL_LINKED = tuple(
+    f"fedossl-table2.{part}{'' if best else '.final'}"
+    for best in (True, False)
+    for part in FEDOSSL_PARTS
+    if (part, best) != ("all", True)
+)
+TABLES["fedossl-table2"] = fedossl_table("all", True, linked=FEDOSSL_LINKED)
+for _name in FEDOSSL_LINKED:
+    _part = _name.split(".")[1]
+    TABLES[_name] = fedossl_table(_part, not _name.endswith(".final"))
+
+
 def cell_dir(out: Path, row: Row, column: str) -> Path:
     slug = row.label.lower().replace(" ", "_").replace("-", "_")
     return out / f"{slug}-{column.lower().replace('-', '')}"

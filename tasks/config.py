@@ -139,7 +139,7 @@ DEFAULTS: dict[str, Any] = {
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
-    "split.scenario": ("labels_at_server", "labels_at_client"),
+    "split.scenario": ("labels_at_server", "labels_at_client", "open_world"),
     "split.partitioner": ("iid", "dirichlet", "random_classes", "fedmatch_imbalanced", "noniid_r"),
     "model.norm": ("none", "bn", "gn"),
     "lr_schedule.name": ("exponential", "cosine"),

@@ -210,7 +210,10 @@ def histogram(labels: np.ndarray, idx: np.ndarray, num_classes: int) -> list[int
 
 
 def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
-    """Build the split of FedSEAL 5.1 / FedMatch / SSFL App. A.2, deterministic from the seed."""
+    """Build the split of FedSEAL 5.1 / FedMatch / SSFL App. A.2, deterministic from the seed
+    (``split.scenario: open_world``: FedoSSL's, :func:`open_world_split`)."""
+    if scfg["scenario"] == "open_world":
+        return open_world_split(ds, scfg, seed)
     rng = np.random.default_rng(seed)
     labels = ds.train_y.numpy()
     k = ds.num_classes
@@ -276,6 +279,140 @@ def _test_indices(ds: Dataset, size: int, rng) -> np.ndarray:
     labels = ds.test_y.numpy()
     pool = ClassPool(np.arange(n), labels, ds.num_classes, rng)
     return np.sort(pool.take(_balanced(size, ds.num_classes), "the test set"))
+
+
+# ----- FedoSSL's open world (Definition 1, section 5) -----------------------------------
+SEEN, LOCALLY_UNSEEN, GLOBALLY_UNSEEN = "S", "L", "G"
+
+
+def class_roles(spec: str, num_classes: int) -> str:
+    """One role letter per class: S seen, L locally unseen (unlabeled at every client), G
+    globally unseen (unlabeled at some clients). "" = FedoSSL section 5's default: the first
+    60% of the classes seen, the next one locally unseen, the rest globally unseen."""
+    if not spec:
+        seen = round(0.6 * num_classes)
+        lu = 1 if num_classes - seen > 1 else 0
+        return SEEN * seen + LOCALLY_UNSEEN * lu + GLOBALLY_UNSEEN * (num_classes - seen - lu)
+    if len(spec) != num_classes or set(spec) - {SEEN, LOCALLY_UNSEEN, GLOBALLY_UNSEEN}:
+        raise ConfigError(
+            f"config key 'split.class_roles': {spec!r} must give one of S, L, G to each of "
+            f"the {num_classes} classes"
+        )
+    return spec
+
+
+def globally_unseen_holders(num_gu: int, num_clients: int) -> list[list[int]]:
+    """Clients holding each globally unseen class: contiguous groups of ceil(K / G) clients
+    (official code, 5 clients: [0, 1], [2, 3], [4]; the note's Fashion-MNIST setting, 10
+    clients: 0-3, 4-7, 8-9); when that leaves a class without clients (4 clients, 3 classes),
+    near-equal contiguous groups (ours)."""
+    width = -(-num_clients // max(num_gu, 1))
+    if width * (num_gu - 1) >= num_clients:
+        parts = np.array_split(np.arange(num_clients), num_gu)
+        return [part.tolist() for part in parts]
+    return [[k for k in range(num_clients) if k // width == g] for g in range(num_gu)]
+
+
+def client_classes(roles: str, num_clients: int) -> list[list[int]]:
+    """The classes each client holds: all seen and locally unseen ones plus its globally
+    unseen ones; a ConfigError (one line) when a client would have no unseen class or a
+    globally unseen class no client."""
+    shared = [c for c, r in enumerate(roles) if r in (SEEN, LOCALLY_UNSEEN)]
+    gu = [c for c, r in enumerate(roles) if r == GLOBALLY_UNSEEN]
+    holders = globally_unseen_holders(len(gu), num_clients)
+    if any(not h for h in holders):
+        raise ConfigError(
+            f"config key 'split.class_roles': {len(gu)} globally unseen classes need at least "
+            f"{len(gu)} clients (split.role_clients / split.num_clients), got {num_clients}"
+        )
+    for c, h in zip(gu, holders):
+        if num_clients > 1 and len(h) == num_clients:
+            raise ConfigError(
+                f"config key 'split.class_roles': globally unseen class {c} would be at every "
+                "client, which Definition 1 calls locally unseen; mark it L"
+            )
+    out = [sorted(shared + [c for c, h in zip(gu, holders) if k in h]) for k in range(num_clients)]
+    for k, classes in enumerate(out):
+        if all(roles[c] == SEEN for c in classes):
+            raise ConfigError(
+                f"config key 'split.class_roles': client {k} would hold no unseen class "
+                f"(roles {roles!r}); give it a locally or globally unseen class"
+            )
+    return out
+
+
+def open_world_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
+    """FedoSSL's open-world split (Definition 1 and the official code's class sets).
+
+    Classes take the roles of ``split.class_roles``; every client holds every seen class, a
+    ``split.labeled_fraction`` of each labeled, the rest unlabeled, every locally unseen
+    class (unlabeled) and its globally unseen classes (unlabeled). Each class's samples
+    (after the validation set; at most ``split.samples_per_class``, 0 = all) are shared
+    evenly and disjointly among the clients holding it. Roles are computed over
+    ``split.role_clients`` clients (0 = num_clients), merged into num_clients in order (one
+    client: the centralized baseline on the same data). No server labels."""
+    if "class_roles" not in scfg:
+        raise ConfigError("config key 'split.scenario': open_world is method fedossl's split")
+    rng = np.random.default_rng(seed)
+    labels = ds.train_y.numpy()
+    k, num_clients = ds.num_classes, scfg["num_clients"]
+    role_clients = scfg["role_clients"] or num_clients
+    if role_clients < num_clients:
+        raise ConfigError(
+            f"config key 'split.role_clients': {role_clients} < split.num_clients ({num_clients})"
+        )
+    roles = class_roles(scfg["class_roles"], k)
+    holders_of = client_classes(roles, role_clients)
+    pool = ClassPool(np.arange(len(labels)), labels, k, rng)
+    val = pool.take(_balanced(scfg["val_size"], k), "the validation set")
+    labeled: list[list[np.ndarray]] = [[] for _ in range(role_clients)]
+    unlabeled: list[list[np.ndarray]] = [[] for _ in range(role_clients)]
+    for c in range(k):
+        holders = [v for v in range(role_clients) if c in holders_of[v]]
+        rest = pool.by_class[c][pool.used[c] :]
+        if scfg["samples_per_class"]:
+            rest = rest[: scfg["samples_per_class"]]
+        n_lab = round(scfg["labeled_fraction"] * len(rest)) if roles[c] == SEEN else 0
+        for target, part in ((labeled, rest[:n_lab]), (unlabeled, rest[n_lab:])):
+            bounds = np.concatenate([[0], np.cumsum(_balanced(len(part), len(holders)))])
+            for v, lo, hi in zip(holders, bounds[:-1], bounds[1:]):
+                target[v].append(part[lo:hi])
+    merged = [v * num_clients // role_clients for v in range(role_clients)]
+
+    def gather(parts: list[list[np.ndarray]], client: int) -> np.ndarray:
+        chunks = [a for v in range(role_clients) if merged[v] == client for a in parts[v]]
+        return np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, np.int64)
+
+    client_labeled = [gather(labeled, i) for i in range(num_clients)]
+    clients = [
+        rng.permutation(np.concatenate([client_labeled[i], gather(unlabeled, i)]))
+        for i in range(num_clients)
+    ]
+    test = _test_indices(ds, scfg["test_size"], rng)
+    hists = np.array([histogram(labels, c, k) for c in clients])
+    summary = {
+        "server_labeled": 0,
+        "val": len(val),
+        "test": len(test),
+        "num_clients": num_clients,
+        "client_sizes": [len(c) for c in clients],
+        "client_labeled_sizes": [len(c) for c in client_labeled],
+        "client_histograms": hists.tolist(),
+        "client_labeled_histograms": [histogram(labels, c, k) for c in client_labeled],
+        "noniid_r": round(noniid_r(hists), 6),
+        "partitioner": "open_world",
+        "class_roles": {
+            "roles": roles,
+            "seen": [c for c, r in enumerate(roles) if r == SEEN],
+            "locally_unseen": [c for c, r in enumerate(roles) if r == LOCALLY_UNSEEN],
+            "globally_unseen": [c for c, r in enumerate(roles) if r == GLOBALLY_UNSEEN],
+            "client_classes": [
+                sorted({c for v in range(role_clients) if merged[v] == i for c in holders_of[v]})
+                for i in range(num_clients)
+            ],
+        },
+    }
+    return Split(np.zeros(0, np.int64), val, test, clients, client_labeled, summary)
 
 
 @functools.lru_cache(maxsize=4)

@@ -19,7 +19,17 @@ log = logging.getLogger("flwr.ssfl")
 
 
 # Round metrics that results.json also gives as final_<name> when the last round has them.
-FINAL_OF_LAST_ROUND = ("local_accuracy", "finetune_accuracy", "linear_accuracy")
+FINAL_OF_LAST_ROUND = (
+    "local_accuracy",
+    "finetune_accuracy",
+    "linear_accuracy",
+    # FedoSSL's open-world accuracies and their best over the run (the paper's best round).
+    *(
+        f"{best}acc_{part}"
+        for best in ("", "best_")
+        for part in ("all", "seen", "unseen", "lu", "gu")
+    ),
+)
 
 
 class Recorder:

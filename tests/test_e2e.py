@@ -14,6 +14,7 @@ import yaml
 
 from ssfl.registry import METHODS
 from ssfl.runner import APP_PACKAGES, stage_app
+from tasks.config import deep_merge
 from tasks.data import dataset_info
 from tasks.models import model_for, without_ssl_heads
 from tests.conftest import ROOT
@@ -43,6 +44,16 @@ TOP_KEYS = {
 }
 
 
+# FedoSSL's open world on the same data: labels at the clients (half of each seen class),
+# no server training; 60 images a class give every client 6 x 20 seen + 20 LU + 60 GU = 200.
+OPEN_WORLD = {
+    "split": {"scenario": "open_world", "labeled_per_class": 0, "samples_per_class": 60},
+    "server": {},
+    "client": {"batch_size": 64},
+    "algo": {"cluster_from_round": 2, "ce_from_round": 2, "local_centroids": 8},
+}
+
+
 def state_bytes(mcfg: dict) -> int:
     """Bytes of a synthetic28 model's state dict."""
     model = model_for(mcfg, dataset_info("synthetic28"))
@@ -64,13 +75,23 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
         raw["eval"] = {**raw["eval"], "protocol_every": 5, "finetune_epochs": 1, "linear_epochs": 1}
     if METHODS[method].server_half().defaults().get("server", {}).get("local_steps"):
         raw = {**raw, "server": {"bootstrap_epochs": 1, "epochs": 0}}  # rounds of T steps
+    if method == "fedossl":
+        raw = deep_merge(raw, OPEN_WORLD)
+        raw["server"] = {}
     exp.write_text(yaml.safe_dump(raw))
     res = ssfl_run(exp, tmp_path / "out", "--quiet")
     assert set(res) >= TOP_KEYS and res["method"] == method
     assert [r["round"] for r in res["rounds"]] == [1, 2]
     assert all(set(r) >= ROUND_KEYS for r in res["rounds"])
     assert 0.0 <= res["final_test_accuracy"] <= 1.0
-    assert res["split"]["noniid_r"] == 0.0 and res["split"]["client_sizes"] == [200] * 3
+    assert res["split"]["client_sizes"] == [200] * 3
+    if method == "fedossl":  # every class's role recorded; seen/unseen accuracies each round
+        roles = res["split"]["class_roles"]
+        assert roles["roles"] == "SSSSSSLGGG" and roles["client_classes"][0] == [*range(7), 7]
+        keys = {"acc_seen", "acc_lu", "acc_gu", "best_acc_all"}
+        assert all(keys <= set(r) for r in res["rounds"])
+    else:
+        assert res["split"]["noniid_r"] == 0.0
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and (tmp_path / "out" / "accuracy.png").stat().st_size > 0
     if method == "server_sl":
@@ -88,6 +109,9 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
             assert teacher <= extra <= teacher + 3 * 5000  # + array headers
             for protocol in ("finetune", "linear"):
                 assert res[f"final_{protocol}_accuracy"] == last[f"{protocol}_accuracy"]
+        elif method == "fedossl":  # global centroids down; local centroids and sums up
+            up_minus_down = 4 * 128 * (8 + 6 - 10) + 6 * 4  # 8 local, 6 seen sums; 10 global
+            assert 3 * up_minus_down <= -extra <= 3 * (up_minus_down + 1000)  # + npy headers
         elif method == "fedmatch":  # sparse payloads: sigma + psi down, psi up
             assert last["bytes_c2s"] <= last["bytes_c2s_dense"] + 3 * 2000  # npy headers
             assert last["bytes_s2c_dense"] > 0 and 0 < last["c2s_ratio"] <= 1.01

@@ -54,6 +54,12 @@ SETTING: dict[str, dict[str, Any]] = {
     "fedavg_simsiam": {"model": {"projector_dim": 8, "predictor_dim": 8}},
     "fedavg_byol": {"model": {"projector_dim": 8, "predictor_dim": 8}},
     "fedsup": {"model": {"projector_dim": 128, "predictor_dim": 8}},
+    # Open world: labels at the clients, no server training; 8 images a class.
+    "fedossl": {
+        "split": {"labeled_per_class": 0, "val_size": 0, "samples_per_class": 8},
+        "server": {"epochs": 0, "batch_size": 32},
+        "algo": {"local_centroids": 4, "centroid_samples": 8, "server_cluster_steps": 5},
+    },
 }
 
 # Keys of DEFAULTS that no method overrides are read by the shared code (the split, the

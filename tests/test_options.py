@@ -56,6 +56,25 @@ SETTING: dict[str, dict[str, Any]] = {
     # f_Server's step after round r acts on the online network in round r + 1.
     "fedsup": {"rounds": 3, "model": {"projector_dim": 128, "predictor_dim": 8}},
     "fedavg_uda": {"algo": {"threshold": 0.3}},
+    # Open world (labels at the clients, no server training), calibration from round 1;
+    # two globally unseen classes over three clients, so that client sizes differ.
+    "fedossl": {
+        "split": {
+            "labeled_per_class": 0,
+            "val_size": 0,
+            "samples_per_class": 30,
+            "class_roles": "SSSSSSLLGG",
+        },
+        "server": {"bootstrap_epochs": 0, "epochs": 0, "batch_size": 32, "lr": 0.01},
+        "algo": {
+            "cluster_from_round": 1,
+            "ce_from_round": 1,
+            "calibration_threshold": 0.3,
+            "local_centroids": 4,
+            "centroid_samples": 16,
+            "server_cluster_steps": 20,
+        },
+    },
 }
 
 # A key that only acts together with another value: that value is set with it.
@@ -71,7 +90,11 @@ TOGETHER: dict[str, dict[str, Any]] = {
     "server.nesterov": {"server": {"momentum": 0.9}},
 }
 
-STRINGS = {"algo.loss": ("crl", "selftrain"), "algo.tsa_schedule": ("exp", "linear", "log")}
+STRINGS = {
+    "algo.loss": ("crl", "selftrain"),
+    "algo.tsa_schedule": ("exp", "linear", "log"),
+    "algo.personal": ("none", "head", "all"),
+}
 
 
 def other_value(key: str, value: Any) -> Any:

@@ -132,9 +132,10 @@ SHARED = (
     "dataset.",
     "split.val_size",
     "split.test_size",
-    "federation.clients_per_round",
     "lr_schedule.",
 )
+# Cells with as many clients also sample as many a round (a centralized cell has one client).
+BY_CLIENTS = ("federation.clients_per_round",)
 BY_SCENARIO = ("split.labeled_per_class", "split.client_labeled_per_class")
 BY_PARTITIONER = ("split.client_size", "split.target_r", "split.dirichlet_alpha", "split.stream_")
 
@@ -158,6 +159,7 @@ def test_the_cells_of_a_table_share_seed_data_and_split(table):
     for group_by, prefixes in (
         (("split.scenario",), BY_SCENARIO),
         (("split.scenario", "split.partitioner"), BY_PARTITIONER),
+        (("split.num_clients",), BY_CLIENTS),
     ):
         groups: dict[tuple, list[dict]] = {}
         for c in cfgs:

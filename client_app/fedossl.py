@@ -1,0 +1,167 @@
+"""Client half of FedoSSL (FedoSSL eq. 1-9, Algorithm 1 client update) and its baselines.
+
+Per step, on a labeled batch of seen classes and an unlabeled batch (sizes in proportion
+to the client's labeled and unlabeled counts, as ORCA's loaders), two weak views of each:
+
+    L* = L_s + alpha L_u - w_H H(mean p) + beta R_i + gamma (w_ce L_ce + w_cl L_cluster)
+
+L_s: eq. 2 with ORCA's uncertainty-adaptive margin; L_u: eq. 3 (pairs: same-class labeled
+partner, nearest unlabeled neighbour); H: the official code's entropy regulariser;
+R_i: eq. 5-6 with n^c from the round's start model on the unlabeled data; L_cal: eq. 7-9
+against the global centroids from the server (from algo.cluster_from_round /
+algo.ce_from_round). After training, 32 local centroids of 1,024 random local features by
+Sinkhorn-balanced k-means, and per seen class the sum and count of labeled features, go
+back with the model (when gamma != 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord
+
+from client_app.base import ClientHalf
+from tasks.openworld import (
+    balanced_kmeans,
+    calibration_loss,
+    centroid_assignment,
+    entropy_of_mean,
+    forward,
+    margin_cross_entropy,
+    mean_uncertainty,
+    pair_indices,
+    pairwise_loss,
+    predict,
+    suppressed_loss,
+)
+from tasks.partition import SEEN, class_roles
+from tasks.train import set_lr, step_batches
+
+LOSSES = (
+    "train_loss",
+    "supervised_loss",
+    "pairwise_loss",
+    "suppressed_loss",
+    "ce_loss",
+    "cluster_loss",
+)
+
+
+class FedoSSLClient(ClientHalf):
+    """Eq. 4 on the client's labeled seen and unlabeled data; local centroids back."""
+
+    honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name"}
+
+    def seen_classes(self) -> list[int]:
+        roles = class_roles(self.cfg["split"]["class_roles"], self.data.num_classes)
+        return [c for c, r in enumerate(roles) if r == SEEN]
+
+    def global_centroids(self) -> torch.Tensor | None:
+        """m from the message (None: the calibration module is off)."""
+        record = self.content.array_records.get("centroids")
+        if record is None:
+            return None
+        return torch.from_numpy(record["global"].numpy()).to(self.device)
+
+    def start_statistics(self) -> tuple[torch.Tensor, float]:
+        """n^c (argmax counts) and ORCA's u_bar of the start model on the unlabeled data."""
+        _, logits = predict(self.model, self.data.x, self.algo["logit_scale"], 1024)
+        probs = F.softmax(logits, dim=1)
+        counts = torch.bincount(probs.argmax(1), minlength=probs.shape[1])
+        return counts, mean_uncertainty(probs)
+
+    def batch_sizes(self) -> tuple[int, int]:
+        """(labeled, unlabeled) per step: client.batch_size shared by the counts (ORCA)."""
+        n_l, n_u = len(self.data.labeled_x), len(self.data.x)
+        batch = self.cfg["client"]["batch_size"]
+        lab = min(max(1, round(batch * n_l / max(n_l + n_u, 1))), n_l, batch - 1)
+        return lab, batch - lab
+
+    def step_loss(
+        self,
+        xl: torch.Tensor,
+        yl: torch.Tensor,
+        xu: torch.Tensor,
+        counts: torch.Tensor,
+        margin: float,
+        m: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 4 on one batch; returns the loss and its terms (LOSSES order)."""
+        a, weak = self.algo, self.augmenters()[0]
+        nl, scale = len(xl), a["logit_scale"]
+        x = torch.cat([xl, xu])
+        z, logits = forward(self.model, torch.cat([weak(x), weak(x)]), scale)
+        z1, z2 = z.chunk(2)
+        l1, l2 = logits.chunk(2)
+        p1, p2 = F.softmax(l1, dim=1), F.softmax(l2, dim=1)
+        l_s = margin_cross_entropy(l1[:nl], yl, margin, scale)
+        pair = pair_indices(z1, yl, nl, self.generator)
+        l_u = pairwise_loss(p1, p2, pair)
+        r = suppressed_loss(p1[nl:], counts, a["tau"])
+        beta = -a["beta"] if a["flip_suppressed"] else a["beta"]
+        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1) + beta * r
+        zero = loss.new_zeros(())
+        l_ce, l_cluster = zero, zero
+        if m is not None:
+            w_ce = a["ce_weight"] * (self.round >= a["ce_from_round"])
+            w_cl = a["cluster_weight"] * (self.round >= a["cluster_from_round"])
+            if w_ce or w_cl:
+                temp = a["centroid_temperature"]
+                q1 = centroid_assignment(z1[nl:], m, temp)
+                q2 = centroid_assignment(z2[nl:], m, temp)
+                pair_u = pair_indices(z1[nl:], yl[:0], 0)
+                l_cal, l_ce, l_cluster = calibration_loss(
+                    l1[nl:], q1, q2, pair_u, a["calibration_threshold"], w_ce, w_cl
+                )
+                loss = loss + a["gamma"] * l_cal
+        return loss, [loss, l_s, l_u, r, l_ce, l_cluster]
+
+    def train(self) -> dict[str, float]:
+        d, ccfg = self.data, self.cfg["client"]
+        counts, u_bar = self.start_statistics()
+        margin = min(u_bar, self.algo["max_margin"])
+        m = self.global_centroids()
+        opt = self.optimizer()
+        lab, unl = self.batch_sizes()
+        round_steps = self.round_steps(len(d.x))
+        totals = torch.zeros(len(LOSSES))
+        steps = 0
+        self.model.train()
+        batches = step_batches(len(d.x), unl, self.generator, ccfg["epochs"], ccfg["local_steps"])
+        for idx in batches:
+            lidx = torch.randperm(len(d.labeled_x), generator=self.generator)[:lab]
+            lidx = lidx.to(d.labeled_x.device)
+            loss, terms = self.step_loss(
+                d.labeled_x[lidx], d.labeled_y[lidx], d.x[idx.to(d.x.device)], counts, margin, m
+            )
+            set_lr(opt, self.lr_at(steps, round_steps))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            totals += torch.stack([t.detach().float() for t in terms]).cpu()
+            steps += 1
+        mean = (totals / max(steps, 1)).tolist()
+        return {**dict(zip(LOSSES, mean)), "margin": margin, "local_steps": steps}
+
+    def local_centroids(self) -> dict[str, torch.Tensor]:
+        """Fig. 1 step 1: L centroids of algo.centroid_samples random local features
+        (labeled and unlabeled), and per seen class the sum and count of labeled features."""
+        a, d = self.algo, self.data
+        x = torch.cat([d.labeled_x, d.x])
+        pick = torch.randperm(len(x), generator=self.generator)[: a["centroid_samples"]]
+        z, _ = predict(self.model, x[pick.to(x.device)], a["logit_scale"], 1024)
+        local = balanced_kmeans(
+            z, a["local_centroids"], a["kmeans_iters"], a["sinkhorn_sharpness"], self.generator
+        )
+        zl, _ = predict(self.model, d.labeled_x, a["logit_scale"], 1024)
+        zl = F.normalize(zl, dim=1)
+        seen = torch.tensor(self.seen_classes(), device=zl.device)
+        member = (d.labeled_y[:, None] == seen[None, :]).to(zl.dtype)
+        return {"local": local, "seen_sums": member.T @ zl, "seen_counts": member.sum(0)}
+
+    def reply_arrays(self) -> dict[str, ArrayRecord]:
+        out = super().reply_arrays()
+        if self.algo["gamma"] != 0.0:
+            centroids = self.local_centroids()
+            out["centroids"] = ArrayRecord({k: v.detach().cpu() for k, v in centroids.items()})
+        return out

@@ -1,0 +1,266 @@
+"""Open-world semi-supervised learning of FedoSSL (Zhang et al., ICML 2023), Flower-free.
+
+Equations are those of the FedoSSL paper (../shared/papers/fedossl.txt): the ORCA-style
+supervised loss (eq. 2 with ORCA's uncertainty-adaptive margin), the pairwise objective
+(eq. 3), the uncertainty-aware suppressed loss R_i (eq. 5-6), the calibration loss
+L_cal = L_ce + L_cluster (eq. 7-9), Sinkhorn-Knopp clustering of local and global
+centroids (Fig. 1 steps 1 and 4) and the Hungarian-matched accuracies of section 5.
+Open choices follow the official code, GitHub cugzj/FedoSSL (fedossl_cifar.py,
+models/resnet_s.py), as ../shared/notes/fedossl-fedsup.md records them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor, nn
+
+from tasks.models import embedding, head_of
+
+EPS = 1e-7
+
+
+# ----- Model outputs -------------------------------------------------------------------
+def cosine_logits(z: Tensor, weight: Tensor, scale: float) -> Tensor:
+    """The cosine head of ORCA and FedoSSL: scale * <z^, w^_c> over all C classes."""
+    return scale * F.normalize(z, dim=1) @ F.normalize(weight, dim=1).T
+
+
+def forward(model: nn.Module, x: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """(embedding z, cosine logits) of images ``x`` (the head's bias is not used)."""
+    z = embedding(model, x)
+    return z, cosine_logits(z, head_of(model).weight, scale)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: Tensor, scale: float, batch_size: int) -> tuple[Tensor, Tensor]:
+    """(embeddings, logits) of ``x`` in eval mode, batched."""
+    model.eval()
+    parts = [forward(model, x[i : i + batch_size], scale) for i in range(0, len(x), batch_size)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+# ----- Sinkhorn-Knopp ------------------------------------------------------------------
+def sinkhorn(scores: Tensor, iters: int = 3, tol: float = 0.0) -> Tensor:
+    """Equal-size soft assignment of N rows to K columns (Cuturi 2013; Genevay et al. 2019).
+
+    Returns P (N x K) proportional to exp(scores) with every row summing to 1/N and every
+    column to 1/K, by alternate normalisation in the log domain: ``iters`` rounds, or fewer
+    once the largest column-marginal error (relative to 1/K) is below ``tol`` (read off the
+    column sums each round computes anyway).
+    """
+    n, k = scores.shape
+    log_p = scores - scores.max()
+    log_r, log_c = -float(np.log(n)), -float(np.log(k))
+    for _ in range(iters):
+        col = torch.logsumexp(log_p, dim=0, keepdim=True)
+        if tol and (col - log_c).exp().sub(1).abs().max() < tol:
+            break
+        log_p = log_p - col + log_c
+        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True) + log_r
+    return log_p.exp()
+
+
+def balanced_kmeans(
+    x: Tensor, k: int, iters: int = 5, sharpness: float = 25.0, generator=None
+) -> Tensor:
+    """k unit-norm centroids of the rows of ``x`` by Sinkhorn-balanced spherical k-means.
+
+    The local-centroid step of Fig. 1 (1): centroids start at k random rows; each of
+    ``iters`` rounds assigns rows by Sinkhorn-Knopp on ``sharpness`` * cosine (equal-size
+    clusters) and moves each centroid to the normalised mean of its soft members. Official
+    code: models/resnet_s.py (5 iterations, lambda 25).
+    """
+    x = F.normalize(x, dim=1)
+    start = torch.randperm(len(x), generator=generator)[:k].to(x.device)
+    centroids = x[start]
+    for _ in range(iters):
+        assignment = sinkhorn(sharpness * x @ centroids.T)
+        centroids = F.normalize(assignment.T @ x, dim=1)
+    return centroids
+
+
+def cluster_global_centroids(
+    centroids: Tensor,
+    local: Tensor,
+    steps: int = 500,
+    lr: float = 0.01,
+    temperature: float = 0.1,
+    sharpness: float = 25.0,
+) -> Tensor:
+    """Server step (4) of Fig. 1: the global centroids m (C x d) refined on all local ones.
+
+    ``steps`` SGD steps (momentum 0.9) on -cos(SK(m . Z^), softmax(m . Z^ / T)) with Z^ the
+    normalised local centroids, Sinkhorn to error < 1e-2 (at most 100 iterations), rows of
+    m renormalised after each step (official code, fedossl_cifar.py server part).
+    """
+    m = F.normalize(centroids.detach().clone(), dim=1).requires_grad_(True)
+    z = F.normalize(local.detach(), dim=1)
+    opt = torch.optim.SGD([m], lr=lr, momentum=0.9)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (C x d) matrices: threads only add synchronisation
+    try:
+        for _ in range(steps):
+            scores = z @ m.T
+            with torch.no_grad():
+                target = sinkhorn(sharpness * scores, iters=100, tol=1e-2)
+            probs = F.softmax(scores / temperature, dim=1)
+            loss = -F.cosine_similarity(target, probs, dim=1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                m.copy_(F.normalize(m, dim=1))
+    finally:
+        torch.set_num_threads(threads)
+    return m.detach()
+
+
+def claim_seen_rows(centroids: Tensor, seen_means: Tensor, seen: Sequence[int]) -> Tensor:
+    """Reorder the global centroids so that row c of seen class c is the centroid nearest
+    (cosine, one-to-one by the Hungarian algorithm) to class c's labeled-feature mean; the
+    other centroids keep their order in the remaining rows (ours: the code is greedy)."""
+    sim = F.normalize(seen_means, dim=1) @ F.normalize(centroids, dim=1).T
+    _, cols = linear_sum_assignment(-sim.cpu().numpy())
+    order = [-1] * len(centroids)
+    for c, col in zip(seen, cols):
+        order[c] = int(col)
+    rest = iter(i for i in range(len(centroids)) if i not in set(cols.tolist()))
+    order = [o if o >= 0 else next(rest) for o in order]
+    return centroids[order]
+
+
+# ----- Losses --------------------------------------------------------------------------
+def mean_uncertainty(probs: Tensor) -> float:
+    """ORCA's u_bar = 1 - mean max-softmax over unlabeled predictions."""
+    return float(1.0 - probs.max(dim=1).values.mean())
+
+
+def margin_cross_entropy(logits: Tensor, y: Tensor, margin: float, scale: float) -> Tensor:
+    """Eq. 2 with ORCA's uncertainty-adaptive margin: CE after adding scale * margin to the
+    target logit (official code fedossl_cifar.py: margin = min(u_bar, 0.5), scale 10)."""
+    shift = F.one_hot(y, logits.shape[1]).to(logits.dtype) * (scale * margin)
+    return F.cross_entropy(logits + shift, y)
+
+
+def pair_indices(features: Tensor, labels: Tensor, num_labeled: int, generator=None) -> Tensor:
+    """The partner of each sample for eq. 3: for a labeled sample a random other labeled
+    sample of its class (itself when it is alone), for an unlabeled one its nearest other
+    sample in the batch by cosine (ORCA's rule)."""
+    f = F.normalize(features.detach(), dim=1)
+    sim = f @ f.T
+    sim.fill_diagonal_(-2.0)
+    pair = sim.argmax(dim=1)
+    if num_labeled:
+        y = labels[:num_labeled]
+        same = (y[:, None] == y[None, :]).float()
+        same.fill_diagonal_(0.0)
+        alone = same.sum(dim=1) == 0
+        same[alone, torch.nonzero(alone).flatten()] = 1.0
+        noise = torch.rand(same.shape, generator=generator).to(same.device)
+        pair[:num_labeled] = (same * (noise + 1.0)).argmax(dim=1)
+    return pair
+
+
+def pairwise_loss(probs: Tensor, probs_other_view: Tensor, pair: Tensor) -> Tensor:
+    """Eq. 3 as the code computes it: BCE(<p(x_j), p'(x_pair(j))>, 1) = -log of the inner
+    product of a sample's prediction and its partner's prediction on the second view."""
+    inner = (probs * probs_other_view[pair]).sum(dim=1)
+    return -torch.log(inner.clamp_min(EPS)).mean()
+
+
+def entropy_of_mean(probs: Tensor) -> Tensor:
+    """H(mean_j p(x_j)): ORCA's and the official code's regulariser, subtracted from the
+    loss (weight algo.entropy_weight) so that not all samples fall in a few classes."""
+    mean = probs.mean(dim=0)
+    return -(mean * torch.log(mean.clamp_min(EPS))).sum()
+
+
+def suppressed_loss(probs: Tensor, counts: Tensor, tau: float) -> Tensor:
+    """R_i of eq. 5-6: mean_j |rho(n^c) (1 - max_c p(x_j))|, rho(n^c) = -tau^(1 - n^c/n_max)
+    for c = argmax p(x_j); ``counts`` holds n^c, the samples predicted as each class (the
+    official code: argmax counts of the previous epoch)."""
+    conf, cls = probs.max(dim=1)
+    share = counts.to(probs.dtype) / counts.max().clamp_min(1)
+    rho = -torch.pow(torch.as_tensor(tau, dtype=probs.dtype), 1.0 - share[cls])
+    return (rho * (1.0 - conf)).abs().mean()
+
+
+def centroid_assignment(z: Tensor, centroids: Tensor, temperature: float) -> Tensor:
+    """q(z; m) of eq. 8-9: softmax(z^ . m / T) over the global centroids."""
+    return F.softmax(F.normalize(z, dim=1) @ centroids.T / temperature, dim=1)
+
+
+def calibration_ce(logits: Tensor, q: Tensor, threshold: float) -> Tensor:
+    """L_ce of eq. 8: CE between the centroid assignment's argmax and the classifier on the
+    unlabeled samples whose max q exceeds ``threshold`` (code: 0.95); 0 when none does."""
+    conf, target = q.detach().max(dim=1)
+    keep = conf > threshold
+    if not keep.any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[keep], target[keep])
+
+
+def cluster_loss(q: Tensor, q_other_view: Tensor, pair: Tensor) -> Tensor:
+    """L_cluster of eq. 9: H(q(z_j), q(z_bar_j)), the cross-entropy between a sample's
+    centroid assignment and its partner's on the second view (gradients through both)."""
+    return -(q * torch.log(q_other_view[pair].clamp_min(EPS))).sum(dim=1).mean()
+
+
+def calibration_loss(
+    logits: Tensor,
+    q: Tensor,
+    q_other_view: Tensor,
+    pair: Tensor,
+    threshold: float,
+    ce_weight: float = 1.0,
+    cluster_weight: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Eq. 7: L_cal = L_ce + L_cluster (each weighted: the ablations of Table 3 set one to
+    0); returns (L_cal, L_ce, L_cluster)."""
+    l_ce = calibration_ce(logits, q, threshold)
+    l_cluster = cluster_loss(q, q_other_view, pair)
+    return ce_weight * l_ce + cluster_weight * l_cluster, l_ce, l_cluster
+
+
+# ----- Metrics -------------------------------------------------------------------------
+def matched_accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Accuracy after mapping predicted labels one-to-one to classes by the Hungarian
+    algorithm (ORCA's cluster_acc); 0 on an empty set."""
+    if len(y_true) == 0:
+        return 0.0
+    size = int(max(y_true.max(), y_pred.max())) + 1
+    counts = np.zeros((size, size), dtype=np.int64)
+    np.add.at(counts, (y_pred, y_true), 1)
+    rows, cols = linear_sum_assignment(-counts)
+    return float(counts[rows, cols].sum() / len(y_true))
+
+
+def open_world_accuracy(
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    seen: Sequence[int],
+    locally_unseen: Sequence[int],
+    globally_unseen: Sequence[int],
+) -> dict[str, float]:
+    """Section 5's metrics: seen = plain accuracy on seen-class samples; all = matched over
+    every sample; unseen = matched over all unseen-class samples jointly, so that an LU and
+    a GU class whose samples fall mostly on one label cannot both take it (the paper: one of
+    them takes the label with the next largest count); LU and GU each matched alone."""
+
+    def subset(classes: Sequence[int]) -> np.ndarray:
+        return np.isin(y_true, np.asarray(classes, dtype=y_true.dtype))
+
+    s, lu, gu = subset(seen), subset(locally_unseen), subset(globally_unseen)
+    unseen = lu | gu
+    return {
+        "acc_all": matched_accuracy(y_true, y_pred),
+        "acc_seen": float((y_pred[s] == y_true[s]).mean()) if s.any() else 0.0,
+        "acc_unseen": matched_accuracy(y_true[unseen], y_pred[unseen]),
+        "acc_lu": matched_accuracy(y_true[lu], y_pred[lu]),
+        "acc_gu": matched_accuracy(y_true[gu], y_pred[gu]),
+    }

@@ -1,0 +1,188 @@
+"""FedoSSL and its open-world baselines on the in-process grid (synthetic data), its configs
+and its bad-input rules."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from flwr.app import MetricRecord, RecordDict
+
+from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.reproduce import FEDOSSL_ROWS, reproduce
+from strategies.parts import Update, numpy_state, to_record
+from tasks.config import ConfigError, deep_merge
+from tasks.models import classifier_keys
+from tests.conftest import ROOT
+from tests.harness import InProcessGrid, build_strategy, run_method
+
+BASE = {
+    "method": "fedossl",
+    "rounds": 2,
+    "dataset": {"name": "synthetic28", "synthetic_train_size": 1000, "synthetic_test_size": 100},
+    "split": {"test_size": 100, "num_clients": 4, "samples_per_class": 40},
+    "federation": {"clients_per_round": 3},
+    "client": {"batch_size": 64, "lr": 0.05},
+    "algo": {
+        "cluster_from_round": 1,
+        "ce_from_round": 1,
+        "calibration_threshold": 0.2,
+        "local_centroids": 8,
+        "server_cluster_steps": 20,
+    },
+}
+OPEN_WORLD_KEYS = ("acc_all", "acc_seen", "acc_unseen", "acc_lu", "acc_gu")
+
+
+@functools.lru_cache(maxsize=16)
+def cached_run(changes_json: str) -> tuple[list[dict], object]:
+    raw = deep_merge(BASE, json.loads(changes_json))
+    return run_method(raw, InProcessGrid(raw["split"]["num_clients"]))
+
+
+def run(**changes) -> tuple[list[dict], object]:
+    """Rows and strategy of BASE with ``changes`` (each distinct run once per session)."""
+    return cached_run(json.dumps(changes, sort_keys=True))
+
+
+def test_fedossl_rounds_carry_the_open_world_metrics_and_their_best_so_far():
+    rows, strategy = run()
+    for row in rows:
+        assert all(0.0 <= row[k] <= 1.0 for k in OPEN_WORLD_KEYS)
+        assert row["test_accuracy"] == row["acc_all"]
+    for key in OPEN_WORLD_KEYS:
+        assert rows[-1][f"best_{key}"] == max(r[key] for r in rows)
+    assert rows[-1]["local_centroids"] == 3 * 8  # every sampled client's centroids clustered
+    assert all(r["cluster_loss"] > 0 for r in rows)  # calibration from round 1 here
+    m = strategy.parts.codec.centroids.m
+    assert m.shape == (10, 128)
+    np.testing.assert_allclose(m.norm(dim=1).numpy(), 1.0, rtol=1e-5)
+
+
+def test_centroids_travel_only_with_the_calibration_module_and_are_counted():
+    with_cal, _ = run()
+    without, _ = run(rounds=1, algo={"gamma": 0.0, "beta": 0.0})  # Fed-AO
+    per_client_down = (with_cal[0]["bytes_s2c"] - without[0]["bytes_s2c"]) / 3
+    per_client_up = (with_cal[0]["bytes_c2s"] - without[0]["bytes_c2s"]) / 3
+    assert 10 * 128 * 4 <= per_client_down < 10 * 128 * 4 + 500  # m, one npy header
+    assert (8 + 6) * 128 * 4 + 24 <= per_client_up < (8 + 6) * 128 * 4 + 24 + 1500
+    assert "local_centroids" not in without[0] and without[0]["cluster_loss"] == 0.0
+
+
+def test_same_seed_same_numbers():
+    """A one-round run repeats the first round of the two-round run, number for number."""
+    first, _ = run(rounds=1)
+    second, _ = run()
+    keys = [*OPEN_WORLD_KEYS, "test_loss", "train_loss", "suppressed_loss", "cluster_loss"]
+    assert [first[0][k] for k in keys] == [second[0][k] for k in keys]
+
+
+def test_fedrep_keeps_each_clients_classifier_and_sends_it_back_to_it():
+    _, strategy = run(rounds=1, algo={"gamma": 0.0, "personal": "head"})
+    aggregator = strategy.parts.aggregator
+    head = set(classifier_keys(strategy.server.model))
+    assert len(aggregator.kept) == 3  # the round's sampled clients
+    pid = next(iter(aggregator.kept))
+    assert set(aggregator.kept[pid]) == head
+    start = numpy_state(aggregator.start_model(2, pid, strategy.server.arrays()))
+    server = numpy_state(strategy.server.arrays())
+    for key in server:
+        expected = aggregator.kept[pid][key] if key in head else server[key]
+        np.testing.assert_array_equal(start[key], expected)
+
+
+def test_local_only_evaluates_the_mean_over_the_clients_own_models():
+    rows, strategy = run(rounds=1, algo={"gamma": 0.0, "personal": "all"})
+    evaluator, aggregator = strategy.parts.evaluator, strategy.parts.aggregator
+    assert len(aggregator.local_models()) == 3
+    each = [evaluator.mean_over([state]) for state in aggregator.local_models()]
+    assert rows[0]["acc_all"] == pytest.approx(np.mean([e["acc_all"] for e in each]))
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"algo": {"global_centroids": 11}}, "algo.global_centroids"),
+        ({"algo": {"personal": "some"}}, "algo.personal"),
+        ({"algo": {"tau": 0.0}}, "algo.tau"),
+        ({"algo": {"beta": -1.0}}, "algo.beta"),
+        ({"server": {"epochs": 1}}, "server.epochs"),
+        ({"split": {"labeled_per_class": 5}}, "split.labeled_per_class"),
+        ({"split": {"scenario": "labels_at_server"}}, "split.scenario"),
+        ({"split": {"class_roles": "LLLLLLLGGG"}}, "split.class_roles"),
+    ],
+)
+def test_bad_fedossl_configs_are_refused_with_one_line(changes, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        resolve_config(deep_merge(BASE, changes))
+
+
+def test_a_split_leaving_a_client_no_unseen_class_exits_2_with_one_line(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(deep_merge(BASE, {"split": {"class_roles": "SSSSSSSSSS"}})))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ssfl.cli", "run", str(exp), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no unseen class" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["fedossl", "fedossl_50clients", "fed_ao"])
+def test_the_cifar10_paper_scale_configs_resolve(name):
+    cfg = resolve_experiment(ROOT / "experiments" / "cifar10-open" / f"{name}.yaml")
+    assert cfg["model"]["name"] == "resnet18" and cfg["rounds"] == 50
+    assert cfg["client"]["batch_size"] == 512 and cfg["client"]["epochs"] == 5
+    assert cfg["split"]["num_clients"] // cfg["federation"]["clients_per_round"] in (2, 10)
+
+
+def test_the_fmnist_cells_share_their_data_and_differ_only_in_the_method_switches():
+    cells = {
+        p.stem: resolve_experiment(p) for p in (ROOT / "experiments/fmnist-open").glob("*.yaml")
+    }
+    assert {"fedossl", "fed_ao", "fed_ro", "local_o", "cen_o"} <= set(cells)
+    assert cells["fed_ao"]["algo"]["gamma"] == 0.0 and cells["fed_ro"]["algo"]["personal"] == "head"
+    assert cells["cen_o"]["split"]["num_clients"] == 1
+    assert cells["cen_o"]["split"]["role_clients"] == 10
+
+
+def test_table2_lists_every_fmnist_cell_beside_the_papers_numbers(tmp_path):
+    text = reproduce("fedossl-table2", tmp_path, None, [], run=False, dataset="fmnist")
+    assert "| FedoSSL | not run | 0.7626 |" in text  # All, best round
+    assert "| Fed-AO | not run | 0.4203 |" in text  # GU, best round
+    assert text.count("### FedoSSL Table 2") == 10  # 5 accuracies x (best, final round)
+    for name in FEDOSSL_ROWS.values():
+        assert (ROOT / "experiments" / "fmnist-open" / name).is_file()
+
+
+@pytest.mark.parametrize("weighted, expected", [(True, 0.75), (False, 0.5)])
+def test_models_average_by_example_counts_or_uniformly(weighted, expected):
+    """Section 3.1's n_i / n weights, or the official code's uniform average, on two
+    hand-made models (all zeros with 1 example, all ones with 3)."""
+    raw = deep_merge(BASE, {"algo": {"gamma": 0.0, "weighted_average": weighted}})
+    strategy = build_strategy(raw)
+    state = numpy_state(strategy.server.arrays())
+    updates = [
+        Update(
+            pid,
+            n,
+            RecordDict(
+                {
+                    "arrays": to_record({k: np.full_like(v, fill) for k, v in state.items()}),
+                    "metrics": MetricRecord({"partition-id": pid, "num-examples": n}),
+                }
+            ),
+        )
+        for pid, n, fill in ((0, 1, 0), (1, 3, 1))
+    ]
+    arrays, _ = strategy.parts.aggregator.aggregate(1, updates)
+    weight = numpy_state(arrays)[classifier_keys(strategy.server.model)[0]]
+    np.testing.assert_allclose(weight, expected)

@@ -1,0 +1,205 @@
+"""FedoSSL's Flower-free parts on hand-made tensors: split roles, Sinkhorn-Knopp, matching,
+each loss (tasks/openworld.py, tasks/partition.py: open_world_split)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.config import ConfigError
+from tasks.data import make_synthetic
+from tasks.openworld import (
+    balanced_kmeans,
+    calibration_loss,
+    claim_seen_rows,
+    cluster_global_centroids,
+    cosine_logits,
+    entropy_of_mean,
+    margin_cross_entropy,
+    matched_accuracy,
+    open_world_accuracy,
+    pair_indices,
+    pairwise_loss,
+    sinkhorn,
+    suppressed_loss,
+)
+from tasks.partition import class_roles, make_split
+
+SCFG = {
+    "scenario": "open_world",
+    "val_size": 0,
+    "test_size": 100,
+    "num_clients": 10,
+    "class_roles": "SSSSSSLGGG",
+    "labeled_fraction": 0.5,
+    "role_clients": 0,
+    "samples_per_class": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return make_synthetic(28, 2000, 200, 1)
+
+
+# ----- Split ---------------------------------------------------------------------------
+def test_open_world_split_gives_every_class_its_role(synthetic):
+    split = make_split(synthetic, SCFG, seed=0)
+    labels = synthetic.train_y.numpy()
+    roles = split.summary["class_roles"]
+    assert roles["seen"] == [0, 1, 2, 3, 4, 5]
+    assert roles["locally_unseen"] == [6] and roles["globally_unseen"] == [7, 8, 9]
+    gu_at = {7: range(0, 4), 8: range(4, 8), 9: range(8, 10)}
+    for k, (idx, lab) in enumerate(zip(split.clients, split.client_labeled)):
+        present = set(labels[idx].tolist())
+        expected = {0, 1, 2, 3, 4, 5, 6} | {c for c, ks in gu_at.items() if k in ks}
+        assert present == expected
+        assert set(labels[lab].tolist()) == set(range(6))  # labels only of seen classes
+        assert np.isin(lab, idx).all()
+    everything = np.concatenate(split.clients)
+    assert len(everything) == len(set(everything.tolist()))  # disjoint clients
+    for c in range(6):  # half of each seen class labeled
+        n = (labels == c).sum()
+        assert sum((labels[lab] == c).sum() for lab in split.client_labeled) == round(0.5 * n)
+    assert len(split.server_labeled) == 0
+
+
+def test_open_world_split_is_deterministic_and_roles_default_to_sixty_percent_seen(synthetic):
+    a, b = make_split(synthetic, SCFG, 3), make_split(synthetic, SCFG, 3)
+    assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients))
+    assert class_roles("", 10) == "SSSSSSLGGG"
+
+
+def test_centralized_merges_the_role_clients_into_one(synthetic):
+    split = make_split(synthetic, {**SCFG, "num_clients": 1, "role_clients": 10}, 0)
+    federated = make_split(synthetic, SCFG, 0)
+    assert sorted(split.clients[0].tolist()) == sorted(np.concatenate(federated.clients).tolist())
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"class_roles": "SSSSSSSSSS"}, "no unseen class"),
+        ({"class_roles": "SSSSSSSGGG", "num_clients": 2}, "need at least 3 clients"),
+        ({"class_roles": "SSX"}, "one of S, L, G"),
+        ({"class_roles": "SSSSSSSSSG"}, "at every client"),
+    ],
+)
+def test_bad_open_world_splits_are_one_line_config_errors(synthetic, changes, match):
+    with pytest.raises(ConfigError, match=match):
+        make_split(synthetic, {**SCFG, **changes}, 0)
+
+
+# ----- Sinkhorn-Knopp and centroids ----------------------------------------------------
+def test_sinkhorn_rows_and_columns_reach_their_marginals():
+    scores = torch.tensor([[5.0, 0.0, 0.0], [4.0, 0.0, 1.0], [3.0, 1.0, 0.0], [6.0, 2.0, 0.0]])
+    p = sinkhorn(scores, iters=200)
+    torch.testing.assert_close(p.sum(1), torch.full((4,), 1 / 4))
+    torch.testing.assert_close(p.sum(0), torch.full((3,), 1 / 3), atol=1e-5, rtol=0)
+
+
+def test_balanced_kmeans_finds_two_well_separated_groups():
+    x = torch.tensor([[1.0, 0.0], [0.99, 0.1], [0.98, -0.1], [0.0, 1.0], [0.1, 0.99], [-0.1, 0.98]])
+    c = balanced_kmeans(x, 2, iters=5, generator=torch.Generator().manual_seed(0))
+    members = (torch.nn.functional.normalize(x, dim=1) @ c.T).argmax(1)
+    assert members[:3].unique().numel() == 1 and members[3:].unique().numel() == 1
+    assert members[0] != members[3]
+    torch.testing.assert_close(c.norm(dim=1), torch.ones(2))
+
+
+def test_global_centroids_move_onto_the_local_ones_and_stay_unit_norm():
+    local = torch.tensor([[1.0, 0.0], [0.95, 0.05], [0.0, 1.0], [0.05, 0.95]])
+    start = torch.tensor([[0.8, 0.6], [0.6, 0.8]])
+    m = cluster_global_centroids(start, local, steps=300, lr=0.1)
+    torch.testing.assert_close(m.norm(dim=1), torch.ones(2))
+    assert m[0, 0] > 0.9 and m[1, 1] > 0.9  # each took the group it was nearer
+
+
+def test_seen_classes_claim_their_nearest_centroid_rows():
+    m = torch.eye(3)
+    means = torch.tensor([[0.0, 0.0, 1.0]])  # class 0's features lie on centroid 2
+    out = claim_seen_rows(m, means, seen=[0])
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.0, 1.0], [1.0, 0, 0], [0, 1.0, 0]]))
+
+
+# ----- Metrics -------------------------------------------------------------------------
+def test_matched_accuracy_maps_clusters_to_classes_one_to_one():
+    y = np.array([0, 0, 1, 1, 2, 2])
+    assert matched_accuracy(y, np.array([2, 2, 0, 0, 1, 1])) == 1.0
+    assert matched_accuracy(y, np.array([0, 0, 0, 0, 1, 1])) == pytest.approx(4 / 6)
+
+
+def test_lu_and_gu_on_one_label_are_matched_alone_but_not_in_all_unseen():
+    """Class 1 (LU) and class 2 (GU) both fall mostly on label 5: each alone takes it, the
+    joint unseen matching gives it to one and the other its next-largest label (section 5)."""
+    y = np.array([0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    p = np.array([0, 3, 5, 5, 5, 4, 5, 5, 5, 6])
+    out = open_world_accuracy(y, p, seen=[0], locally_unseen=[1], globally_unseen=[2])
+    assert out["acc_seen"] == 0.5
+    assert out["acc_lu"] == 0.75 and out["acc_gu"] == 0.75
+    assert out["acc_unseen"] == pytest.approx(4 / 8)  # 3 on label 5, 1 on label 4 (or 6)
+    assert out["acc_all"] == pytest.approx(5 / 10)
+
+
+# ----- Losses --------------------------------------------------------------------------
+def test_cosine_logits_are_scaled_cosines():
+    z = torch.tensor([[3.0, 0.0]])
+    w = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    torch.testing.assert_close(cosine_logits(z, w, 10.0), torch.tensor([[10.0, 0.0, 10 / 2**0.5]]))
+
+
+def test_margin_cross_entropy_adds_the_scaled_margin_to_the_target_logit():
+    logits = torch.tensor([[1.0, 2.0]])
+    y = torch.tensor([0])
+    expected = -math.log(math.exp(1 + 10 * 0.3) / (math.exp(1 + 10 * 0.3) + math.exp(2)))
+    assert margin_cross_entropy(logits, y, 0.3, 10.0).item() == pytest.approx(expected, rel=1e-6)
+    assert margin_cross_entropy(logits, y, 0.0, 10.0).item() == pytest.approx(
+        -math.log(math.exp(1) / (math.exp(1) + math.exp(2))), rel=1e-6
+    )
+
+
+def test_pairs_are_same_class_for_labeled_and_nearest_for_unlabeled():
+    feats = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [0.1, 1.0], [1.0, 0.2]])
+    labels = torch.tensor([0, 1, 0, -1, -1])
+    pair = pair_indices(feats, labels, num_labeled=3, generator=torch.Generator().manual_seed(0))
+    assert pair[0] == 2 and pair[2] == 0  # the other labeled 0
+    assert pair[1] == 1  # alone in its class: itself
+    assert pair[3] == 1 and pair[4] == 2  # nearest other sample
+
+
+def test_pairwise_loss_is_minus_log_inner_product_with_the_partner():
+    p = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+    q = torch.tensor([[0.2, 0.8], [0.6, 0.4]])
+    pair = torch.tensor([1, 0])
+    expected = -(math.log(0.5 * 0.6 + 0.5 * 0.4) + math.log(0.2)) / 2
+    assert pairwise_loss(p, q, pair).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_entropy_of_mean_is_log_c_for_a_uniform_mean():
+    p = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    assert entropy_of_mean(p).item() == pytest.approx(math.log(2), rel=1e-6)
+
+
+def test_suppressed_loss_weights_uncertainty_by_tau_to_the_class_share():
+    p = torch.tensor([[0.6, 0.4], [0.3, 0.7]])
+    counts = torch.tensor([10, 5])  # class 0 the largest: rho = -1; class 1: -0.2^0.5
+    expected = (1.0 * 0.4 + 0.2**0.5 * 0.3) / 2
+    assert suppressed_loss(p, counts, 0.2).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_calibration_loss_is_ce_on_confident_assignments_plus_cluster_cross_entropy():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    q = torch.tensor([[0.99, 0.01], [0.6, 0.4]])  # only row 0 passes 0.95
+    q2 = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
+    pair = torch.tensor([1, 0])
+    total, l_ce, l_cluster = calibration_loss(logits, q, q2, pair, threshold=0.95)
+    assert l_ce.item() == pytest.approx(-math.log(math.exp(2) / (math.exp(2) + 1)), rel=1e-6)
+    row0 = 0.99 * math.log(0.9) + 0.01 * math.log(0.1)  # q of 0, q2 of its partner 1
+    expected = -(row0 + math.log(0.5)) / 2
+    assert l_cluster.item() == pytest.approx(expected, rel=1e-6)
+    no_ce, _, _ = calibration_loss(logits, q, q2, pair, threshold=0.95, ce_weight=0.0)
+    assert total.item() == pytest.approx(l_ce.item() + l_cluster.item(), rel=1e-6)
+    assert no_ce.item() == pytest.approx(l_cluster.item(), rel=1e-6)
