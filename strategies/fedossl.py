@@ -89,6 +89,13 @@ class GlobalCentroids:
     def records(self, server_round: int, pid: int) -> dict[str, Any]:
         return {"centroids": to_record({"global": self.m.numpy().astype(np.float32)})}
 
+    def state(self) -> dict[str, Any]:
+        """The global centroids m."""
+        return {"m": self.m}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.m = state["m"]
+
     def cluster(self, updates: list[Update]) -> Metrics:
         """New m from every local centroid of the round, then the seen rows claimed."""
         a = self.algo
@@ -150,6 +157,14 @@ class OpenWorldAverage:
         metrics = self.centroids.cluster(updates) if self.centroids is not None else {}
         return to_record(average), metrics
 
+    def state(self) -> dict[str, Any]:
+        """The clients' kept heads or models (the centroids are the codec's payload)."""
+        kept = {pid: {k: torch.from_numpy(v) for k, v in s.items()} for pid, s in self.kept.items()}
+        return {"kept": kept}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.kept = {pid: {k: v.numpy() for k, v in s.items()} for pid, s in state["kept"].items()}
+
     def local_models(self) -> list[dict[str, np.ndarray]]:
         """The clients' own models (personal all), in partition order."""
         if self.algo["personal"] != "all":
@@ -188,6 +203,13 @@ class OpenWorldAccuracy:
                 self.best[key] = max(self.best.get(key, 0.0), out[key])
                 out[f"best_{key}"] = self.best[key]
         return out
+
+    def state(self) -> dict[str, Any]:
+        """The best of each metric so far."""
+        return {"best": dict(self.best)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.best = dict(state["best"])
 
     def mean_over(self, states: list[dict[str, np.ndarray]]) -> Metrics:
         if self.scratch is None:

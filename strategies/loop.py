@@ -105,12 +105,12 @@ class Parts:
         return cls(SupervisedTrainer(server), FedAvg(), TestAccuracy(server), DenseCodec(payloads))
 
     def stateful(self) -> dict[str, Any]:
-        """The parts that keep state across rounds, by role (a part in two roles once; the
-        evaluator keeps none)."""
+        """The parts that keep state across rounds (those with ``state``/``restore``), by
+        role (a part in two roles once)."""
         out: dict[str, Any] = {}
-        for role in ("trainer", "aggregator", "codec"):
+        for role in ("trainer", "aggregator", "evaluator", "codec"):
             part = getattr(self, role)
-            if part is not None and all(part is not kept for kept in out.values()):
+            if hasattr(part, "state") and all(part is not kept for kept in out.values()):
                 out[role] = part
         return out
 

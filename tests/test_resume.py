@@ -42,6 +42,20 @@ METHOD_SETTINGS: dict[str, dict] = {
     "fedavg_with_server": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 1}},
     "fedsup": {"eval": {"protocol_every": 3, "finetune_epochs": 1, "linear_epochs": 1}},
     "fedseal": {"client": {"keep_momentum": True}, "server": {"keep_momentum": True}},
+    # Open world: labels at the clients, global centroids and L_ce from round 1, FedRep heads.
+    "fedossl": {
+        "split": {"labeled_per_class": 0, "val_size": 0, "samples_per_class": 8},
+        "server": {"bootstrap_epochs": 0, "epochs": 0, "batch_size": 32},
+        "algo": {
+            "cluster_from_round": 1,
+            "ce_from_round": 1,
+            "calibration_threshold": 0.3,
+            "local_centroids": 4,
+            "centroid_samples": 8,
+            "server_cluster_steps": 5,
+            "personal": "head",
+        },
+    },
 }
 STEP_METHODS = ("fedrgd", "fedavg_with_server")  # rounds of T steps (SSFL benchmark eq. 2)
 
