@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +224,7 @@ def train_sanity(
         "method": method,
         "dataset": ds.name,
         "config": cfg,
-        "options": opts.__dict__,
+        "options": asdict(opts),
         "labeled": len(lab),
         "unlabeled": len(unl),
         "final_test_accuracy": accuracies[-1],
