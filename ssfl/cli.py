@@ -136,6 +136,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sanity(args: argparse.Namespace) -> int:
+    from ssfl.sanity import SanityOptions, run_sanity
+
+    opts = SanityOptions(
+        steps=args.steps,
+        mu=args.mu,
+        batch_size=args.batch_size,
+        labels_per_class=args.labels_per_class,
+        log_every=args.log_every,
+        eval_every=args.eval_every,
+    )
+    out = Path(args.out)
+    results = run_sanity(args.method, args.dataset, out, opts, args.set or [])
+    print(
+        f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
+        f"wall_seconds {results['wall_seconds']:.1f}  -> {out / 'results.json'}"
+    )
+    return 0
+
+
 def add_experiment_args(parser: argparse.ArgumentParser) -> None:
     """The arguments ``run`` and ``deploy-local`` share (and mean the same in both)."""
     parser.add_argument(
@@ -165,6 +185,7 @@ def add_experiment_args(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from ssfl.reproduce import TABLES
+    from ssfl.sanity import SANITY_METHODS
 
     parser = argparse.ArgumentParser(prog="ssfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -229,6 +250,27 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
     swp.add_argument("--rounds", type=int, help="rounds of every cell (default: the experiment's)")
     swp.set_defaults(func=cmd_sweep)
+
+    san = sub.add_parser(
+        "sanity",
+        help="a method's own parts (loss, views, model, optimizer) trained centrally on labeled "
+        "and unlabeled batches together, as the SSL papers do",
+    )
+    san.add_argument("method", choices=sorted(SANITY_METHODS))
+    san.add_argument("--dataset", required=True, help="dataset name, e.g. mnist, fashion_mnist")
+    san.add_argument("--out", required=True, help="folder for results.json")
+    san.add_argument("--steps", type=int, default=2000, help="SGD steps (default 2000)")
+    san.add_argument("--mu", type=int, default=7, help="unlabeled batch = mu * B (default 7)")
+    san.add_argument(
+        "--batch-size", type=int, default=0, help="labeled batch B (default: the method's)"
+    )
+    san.add_argument("--labels-per-class", type=int, default=100, help="default 100")
+    san.add_argument("--log-every", type=int, default=50, help="steps per log line (default 50)")
+    san.add_argument(
+        "--eval-every", type=int, default=500, help="steps between test evaluations (default 500)"
+    )
+    san.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a part")
+    san.set_defaults(func=cmd_sanity)
     return parser
 
 

@@ -44,8 +44,11 @@ def randaugment_ops(magnitude: float, channels: int) -> list[nn.Module]:
         K.RandomRotation(degrees=30.0 * m, p=1.0),
         K.RandomSolarize(thresholds=(0.5 * m), additions=0.0, p=1.0),
         K.RandomPosterize(bits=(max(1.0, 8.0 - 4.0 * m), 8.0), p=1.0),
-        K.RandomContrast(contrast=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0),
-        K.RandomBrightness(brightness=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0),
+        # PIL's ImageEnhance semantics, as FixMatch's RandAugment: contrast blends with the
+        # image's mean, brightness with black (kornia's RandomBrightness adds the factor - 1
+        # to every pixel instead, which turns a black background grey-white).
+        K.ColorJitter(contrast=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0),
+        K.ColorJitter(brightness=(1.0 - 0.9 * m, 1.0 + 0.9 * m), p=1.0),
         K.RandomSharpness(sharpness=(0.0, 0.9 * m), p=1.0),
         K.RandomAffine(degrees=0.0, shear=(-17.0 * m, 17.0 * m, 0.0, 0.0), p=1.0),
         K.RandomAffine(degrees=0.0, shear=(0.0, 0.0, -17.0 * m, 17.0 * m), p=1.0),

@@ -1,8 +1,15 @@
 from __future__ import annotations
 
 import torch
+from kornia import augmentation as K
 
-from tasks.augment import RandAugment, StrongAugment, WeakAugment, augment_grouped
+from tasks.augment import (
+    RandAugment,
+    StrongAugment,
+    WeakAugment,
+    augment_grouped,
+    randaugment_ops,
+)
 
 
 def batch_of_one_image(n=64, channels=1, size=28):
@@ -35,6 +42,29 @@ def test_randaugment_picks_ops_per_sample():
     unchanged = (out - x).abs().flatten(1).amax(dim=1) < 1e-6
     # Identity is 1 of 13 ops: some samples stay as they were, most do not.
     assert 0 < int(unchanged.sum()) < 64
+
+
+def test_a_black_image_stays_black_under_every_randaugment_op():
+    # FixMatch's ops are PIL's: brightness and contrast blend with black / the mean, so
+    # they cannot light up a black image (kornia's additive brightness lifts it to 0.9).
+    for channels in (1, 3):
+        torch.manual_seed(0)
+        black = torch.zeros(64, channels, 28, 28)
+        for op in randaugment_ops(1.0, channels):
+            assert float(op(black).max()) == 0.0, type(op).__name__
+
+
+def test_brightness_and_contrast_are_multiplicative_as_pil():
+    torch.manual_seed(0)
+    x = torch.zeros(256, 1, 28, 28)
+    x[:, :, 10:18, 10:18] = 0.5
+    contrast, brightness = (op for op in randaugment_ops(1.0, 1) if isinstance(op, K.ColorJitter))
+    out = brightness(x)
+    assert float(out[:, :, 0, 0].abs().max()) == 0.0  # background stays black
+    assert 0.04 < float(out[:, 0, 12, 12].min()) < 0.1 and float(out[:, 0, 12, 12].max()) > 0.9
+    mean = float(x[0].mean())
+    low = contrast(x)[:, 0]  # blend with the mean: the background rises at most to it
+    assert float(low[:, 0, 0].max()) <= mean + 1e-6
 
 
 def test_seeded_augmentation_is_reproducible():
