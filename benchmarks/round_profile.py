@@ -3,8 +3,10 @@
 Three measurements of the same experiment and rounds:
 
 1. **flower**: ``ssfl run`` itself (SuperLink, simulation engine, Ray actors); its
-   steady-state round is the median ``seconds`` of rounds 2..N of results.json, its
-   start-up the wall time outside the rounds (start-up plus shut-down).
+   steady-state round is the median ``seconds`` of rounds 2..N of results.json; the
+   time before round 1 split into stages (the CLI, SuperLink and submission, the
+   ServerApp's launch, its data and model, node discovery, the server's bootstrap
+   training) from its output lines and results.json's ``timeline``, and the shut-down.
 2. **profiled**: the same rounds in this process with the real client and server halves
    (tests/harness.py's in-process grid, no Flower transport), each second attributed to
    one phase (clients, server training, aggregation, evaluation, messages: encoding the
@@ -309,23 +311,60 @@ def bare_round(
 
 
 def flower_run(experiment: str, rounds: int, sets: list[str]) -> dict[str, Any]:
-    """``ssfl run`` as a user runs it: per-round seconds, wall time outside the rounds."""
+    """``ssfl run`` as a user runs it: per-round seconds, and the time before the first
+    round split into its stages (see :func:`startup_stages`)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "ssfl.cli", "run", experiment, "--rounds", str(rounds)]
         cmd += ["--out", str(Path(tmp) / "run")] + [a for s in sets for a in ("--set", s)]
-        start = time.perf_counter()
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - start
-        if done.returncode:
-            raise SystemExit(f"round_profile: ssfl run exited {done.returncode}")
-        rows = json.loads((Path(tmp) / "run" / "results.json").read_text())["rounds"]
-    seconds = [r["seconds"] for r in rows]
+        launched = time.time()
+        seen: dict[str, float] = {}
+        with subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as proc:
+            for line in proc.stdout:
+                for mark, text in OUTPUT_MARKS.items():
+                    if text in line:
+                        seen.setdefault(mark, time.time())
+        ended = time.time()
+        if proc.returncode:
+            raise SystemExit(f"round_profile: ssfl run exited {proc.returncode}")
+        results = json.loads((Path(tmp) / "run" / "results.json").read_text())
+    seconds = [r["seconds"] for r in results["rounds"]]
+    wall = ended - launched
     return {
         "round_seconds": seconds,
         "steady_round_s": steady(seconds),
         "outside_rounds_s": wall - sum(seconds),
         "wall_s": wall,
+        "startup": startup_stages(launched, {**seen, **results["timeline"]}, ended),
     }
+
+
+# Lines of ``ssfl run``'s output that end a start-up stage.
+OUTPUT_MARKS = {"cli_ready": "ssfl: ", "run_submitted": "Successfully started run"}
+
+# Start-up stages in order: (name, the timeline mark that ends it).
+STAGES = (
+    ("cli", "cli_ready"),  # interpreter, imports, the config and its split summary
+    ("superlink_and_submit", "run_submitted"),  # SuperLink up, the app staged and submitted
+    ("serverapp_launch", "server_main"),  # the ServerApp's process and imports
+    ("server_setup", "server_built"),  # the server's data, split and model
+    ("node_discovery", "nodes_found"),  # simulation engine, actors, the clients' data
+    ("bootstrap", "first_round"),  # server.bootstrap_epochs: training, not overhead
+)
+
+
+def startup_stages(launched: float, marks: dict[str, float], ended: float) -> dict[str, float]:
+    """Seconds of each start-up stage, ``to_first_round_s`` (all of them but the bootstrap's
+    training: issue 21's start-up) and ``shutdown_s`` (the last round to the exit)."""
+    out, before = {}, launched
+    for name, mark in STAGES:
+        at = marks.get(mark, before)
+        out[f"{name}_s"] = at - before
+        before = at
+    out["to_first_round_s"] = before - launched - out["bootstrap_s"]
+    out["shutdown_s"] = ended - marks["finished"]
+    return out
 
 
 def steady(values: list[float]) -> float:
@@ -356,6 +395,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"profiled round (in process, steady): {report['profiled']['steady_round_s']:.2f} s",
         f"flower round (ssfl run, steady): {flower['steady_round_s']:.2f} s; "
         f"outside rounds (start-up + shut-down): {flower['outside_rounds_s']:.1f} s",
+        "start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in flower["startup"].items()),
         f"bare arithmetic: {bare['total']:.2f} s (clients {bare['clients']:.2f} s on "
         f"{report['parallel_clients']} processes, server {bare['server']:.2f} s)",
         f"round_over_arithmetic: {report['round_over_arithmetic']:.2f}",

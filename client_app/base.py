@@ -28,6 +28,7 @@ from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import get_split, stream_slice, stream_step
 from tasks.train import (
+    autocast,
     derive_seed,
     make_sgd,
     resolve_device,
@@ -283,8 +284,9 @@ class ClientHalf(ABC):
 
     def run(self) -> dict[str, float]:
         """``train`` with every random stream (augmentation, batch order) seeded by the
-        experiment's seed, the round and the partition alone."""
-        with seeded(self.seed) as self.generator:
+        experiment's seed, the round and the partition alone (under bf16 autocast when
+        train.amp asks for it)."""
+        with seeded(self.seed) as self.generator, autocast(self.cfg, self.device):
             return self.train()
 
     def reply(self) -> RecordDict:

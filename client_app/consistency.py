@@ -1,9 +1,10 @@
 """The local loop FixMatch and UDA share: weak/strong views of unlabeled batches.
 
 Per step: a batch of unlabeled images, its weak and strong views in one forward
-pass, the method's unlabeled loss; plus cross-entropy on a labeled batch when the
-client has labels (labels-at-client) and the FedProx term when proximal_mu > 0.
-A round is client.epochs passes, or client.local_steps SGD steps when that is > 0.
+pass (views drawn ahead, about AUGMENT_GROUP images per augmentation call), the
+method's unlabeled loss; plus cross-entropy on a labeled batch when the client has
+labels (labels-at-client) and the FedProx term when proximal_mu > 0. A round is
+client.epochs passes, or client.local_steps SGD steps when that is > 0.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from client_app.base import ClientHalf
+from tasks.augment import grouped_views
 from tasks.losses import proximal_term
 from tasks.train import cycled_batch, set_lr, step_batches
 
@@ -53,9 +55,13 @@ class ConsistencyClient(ClientHalf):
 
     honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name", "client.proximal_mu"}
 
-    def views(self, xb: torch.Tensor, weak, strong) -> tuple[torch.Tensor, torch.Tensor]:
+    def view_augments(self, weak, strong) -> tuple:
+        """The augmentations whose views of each unlabeled batch :meth:`logits` takes."""
+        return weak, strong
+
+    def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the weak and the strong view of a batch, in one forward pass."""
-        return self.model(torch.cat([weak(xb), strong(xb)])).chunk(2)
+        return self.model(torch.cat(views)).chunk(2)
 
     @abstractmethod
     def unlabeled_loss(
@@ -83,9 +89,9 @@ class ConsistencyClient(ClientHalf):
         batches = step_batches(
             len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
         )
-        for idx in batches:
-            idx = idx.to(d.x.device)
-            logits_weak, logits_strong = self.views(d.x[idx], weak, strong)
+        batches = (idx.to(d.x.device) for idx in batches)
+        for idx, views in grouped_views(d.x, batches, self.view_augments(weak, strong)):
+            logits_weak, logits_strong = self.logits(views)
             loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)
             loss = self.algo["lambda_u"] * loss_u
             if len(d.labeled_x):

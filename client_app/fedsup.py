@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from client_app.base import ClientHalf
+from tasks.augment import grouped_views
 from tasks.models import model_for, ssl_outputs, without_ssl_heads
 from tasks.ssl import layerwise_mse, mse_weight, symmetric_negative_cosine
 from tasks.train import set_lr, step_batches
@@ -67,9 +68,9 @@ class FedSupClient(ClientHalf):
         batches = step_batches(
             len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
         )
-        for idx in batches:
-            xb = d.x[idx.to(d.x.device)]
-            loss, l_con, l_mse = self.step_loss(teacher, xb, strong(xb), scale)
+        batches = (idx.to(d.x.device) for idx in batches)
+        for idx, (x_aug,) in grouped_views(d.x, batches, (strong,)):
+            loss, l_con, l_mse = self.step_loss(teacher, d.x[idx], x_aug, scale)
             set_lr(opt, self.lr_at(steps, round_steps))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -28,13 +28,17 @@ class PseudoLabelClient(ConsistencyClient):
             else None
         )
 
-    def views(self, xb: torch.Tensor, weak, strong) -> tuple[torch.Tensor, torch.Tensor]:
+    def view_augments(self, weak, strong) -> tuple:
+        """Self-training (eq. 3) needs the weak view alone."""
+        return (weak,) if self.algo["loss"] == "selftrain" else (weak, strong)
+
+    def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits the pseudo-labels come from, logits the loss trains)."""
         if self.algo["loss"] == "selftrain":
-            logits = self.model(weak(xb))
+            logits = self.model(views[0])
             logits_weak, logits_trained = logits, logits
         else:
-            logits_weak, logits_trained = super().views(xb, weak, strong)
+            logits_weak, logits_trained = super().logits(views)
         if self.aligner is not None:
             logits_weak = self.aligner(logits_weak)
         return logits_weak, logits_trained

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from client_app.base import ClientHalf
+from tasks.augment import grouped_views
 from tasks.models import ssl_outputs
 from tasks.ssl import ema_update, nt_xent, symmetric_negative_cosine
 from tasks.train import set_lr, step_batches
@@ -42,9 +43,9 @@ class SSLClient(ClientHalf):
         batches = step_batches(
             len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
         )
-        for idx in batches:
-            xb = d.x[idx.to(d.x.device)]
-            loss = self.loss(strong(xb), strong(xb))
+        batches = (idx.to(d.x.device) for idx in batches)
+        for _, (view1, view2) in grouped_views(d.x, batches, (strong, strong)):
+            loss = self.loss(view1, view2)
             set_lr(opt, self.lr_at(steps, round_steps))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,8 +1,10 @@
 """ServerApp: read the experiment, build the server's data and model, run the strategy; a
-checkpoint after every round in the output folder, resumed from with run-config resume."""
+checkpoint after every round in the output folder, resumed from with run-config resume.
+results.json's ``timeline`` holds when each start-up stage ended (wall-clock seconds)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from flwr.app import Context
@@ -24,12 +26,15 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    entered = time.time()
     cfg = from_run_config(context.run_config, APP_DIR)
     dataset, split = get_split(cfg)
     server = ServerSide.build(cfg, dataset, split, resolve_device(cfg["device"]))
     out = Path(str(context.run_config.get("out-dir", "")) or default_out(cfg))
     recorder = Recorder(out, cfg, split.summary)
     strategy = method(cfg["method"]).server_half().strategy(server, recorder.add_round)
+    recorder.timeline = strategy.timeline
+    strategy.timeline.update(server_main=entered, server_built=time.time())
     strategy.checkpoint_path = out / CHECKPOINT_FILE
     if context.run_config.get("resume"):
         strategy.resume_from(load_checkpoint(strategy.checkpoint_path))

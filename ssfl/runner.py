@@ -30,7 +30,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from tasks.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_DIR
+# Names only; tasks.checkpoint would import torch, which the CLI imports after it has
+# started the SuperLink booting (a test keeps the two equal).
+CHECKPOINT_FILE = "checkpoint.pt"
+CLIENT_STATE_DIR = "client-state"
 
 APP_DIR = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -60,7 +63,8 @@ def flwr_bin(name: str) -> str:
 
 def flwr_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of every Flower process and CLI call: a scratch FLWR_HOME,
-    no runtime dependency installation, no update check, plus ``extra``."""
+    no runtime dependency installation, no update check, a 0.1 s SuperExec poll, plus
+    ``extra``."""
     return {
         **os.environ,
         # Flower starts flower-superexec and flwr-serverapp by name: find ours first,
@@ -69,6 +73,8 @@ def flwr_env(home: Path, **extra: str) -> dict[str, str]:
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
+        # flower-superexec looks for a new run to launch once a second by default.
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
         **extra,
     }
 
@@ -185,7 +191,9 @@ class LocalSuperLink:
     process: subprocess.Popen | None = None
 
     @classmethod
-    def create(cls, home: Path) -> LocalSuperLink:
+    def create(cls, home: Path | None = None) -> LocalSuperLink:
+        """A SuperLink (not started) whose FLWR_HOME is ``home`` (None: a new scratch folder)."""
+        home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-")) if home is None else home
         env = flwr_env(
             home,
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
@@ -193,12 +201,21 @@ class LocalSuperLink:
         )
         return cls(home=home, env=env)
 
+    @classmethod
+    def booting(cls) -> LocalSuperLink:
+        """A SuperLink in a scratch home, launched: it boots while the caller goes on."""
+        link = cls.create()
+        link.launch()
+        return link
+
     @property
     def http_port(self) -> str:
         return self.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
 
-    def start(self, timeout: float = 60.0) -> None:
-        log_file = self.home / "superlink.log"
+    def launch(self) -> None:
+        """Start the SuperLink process without waiting for it (once)."""
+        if self.process is not None:
+            return
         cmd = [
             flwr_bin("flower-superlink"),
             "--insecure",
@@ -215,15 +232,32 @@ class LocalSuperLink:
             str(self.home / "state.db"),
             "--disable-runtime-dependency-installation",
             "--log-file",
-            str(log_file),
+            str(self.log_file),
         ]
         self.process = start_process(cmd, self.env)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the launched SuperLink answers its health check."""
+        assert self.process is not None, "launch() first"
         health = f"http://127.0.0.1:{self.http_port}/health"
-        wait_until(lambda: http_ok(health), self.process, "flower-superlink", log_file, timeout)
+        wait_until(
+            lambda: http_ok(health), self.process, "flower-superlink", self.log_file, timeout
+        )
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "superlink.log"
 
     def stop(self) -> None:
         """Stop the SuperLink and everything it started (its own process group only)."""
         stop_process(self.process)
+
+    def close(self, out: Path | None = None) -> None:
+        """Stop it, keep its log in ``out`` (when given) and remove its scratch home."""
+        self.stop()
+        if out is not None:
+            keep_log(self.log_file, out)
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 def write_resolved(cfg: Mapping[str, Any], out: Path) -> Path:
@@ -322,15 +356,19 @@ def submit_run(
             *extra,
             "--stream",
         ]
-        output = _run_logged(cmd, env, out / "flower.log", echo=stream, watch=watch)
+        output = _run_logged(
+            cmd, env, out / "flower.log", echo=stream, watch=watch, done=results.is_file
+        )
     match = re.search(r"Successfully started run (\d+)", output)
     if not match:
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
         raise RunFailed(f"flwr run did not start the run: {last}")
-    status = run_status(env, superlink, match.group(1))
     recorded = json.loads(results.read_text()) if results.is_file() else None
     if recorded is not None and recorded.get("status") == "failed":
         raise RunFailed(recorded.get("failure") or f"the run failed; see {results}")
+    if recorded is not None and recorded.get("status") == "completed":
+        return recorded  # written, atomically, as the ServerApp's last act
+    status = run_status(env, superlink, match.group(1))
     if status != "finished:completed":
         raise RunFailed(f"run {match.group(1)} ended as {status}; see {out / 'flower.log'}")
     if recorded is None:
@@ -345,18 +383,19 @@ def run_simulation(
     stream: bool = True,
     app_dir: Path = APP_DIR,
     resume: bool = False,
+    link: LocalSuperLink | None = None,
 ) -> dict[str, Any]:
     """Run a resolved experiment under ``flwr run``; return its results or raise RunFailed.
 
     ``resume``: go on from the checkpoint in ``out`` (the clients' state in
-    ``out/client-state``); otherwise both are removed first."""
+    ``out/client-state``); otherwise both are removed first. ``link``: a SuperLink
+    already booting (:meth:`LocalSuperLink.booting`); this call closes it."""
+    link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
-    exp = write_resolved(cfg, out)
-    prepare_out(out, resume)
-    home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-"))
-    link = LocalSuperLink.create(home)
     try:
-        link.start()
+        exp = write_resolved(cfg, out)
+        prepare_out(out, resume)
+        link.wait_ready()
         return submit_run(
             "local",
             link.env,
@@ -369,9 +408,7 @@ def run_simulation(
             client_state=str(out / CLIENT_STATE_DIR),
         )
     finally:
-        link.stop()
-        keep_log(home / "superlink.log", out)
-        shutil.rmtree(home, ignore_errors=True)
+        link.close(out)
 
 
 def federation_config(cfg: Mapping[str, Any]) -> str:
@@ -396,11 +433,14 @@ def _run_logged(
     log_path: Path,
     echo: bool,
     watch: Callable[[], None] | None = None,
+    done: Callable[[], bool] | None = None,
 ) -> str:
     """Run ``flwr run --stream`` into a log file, echoing progress lines when asked.
 
     ``watch`` is called about once a second while it runs; when it raises, the command is
     stopped and the error goes on (a deployment's process died: fail now, not at timeout).
+    ``done``: once it holds, the command gets ``DONE_GRACE_S`` more to exit by itself (it
+    is only streaming the run's teardown then) before it is stopped.
     """
     lines: list[str] = []
     with log_path.open("w") as log_fh:
@@ -413,13 +453,22 @@ def _run_logged(
             while proc.poll() is None:
                 if watch is not None:
                     watch()
-                time.sleep(1.0)
+                if done is not None and done():
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=DONE_GRACE_S)
+                    break
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1.0)
         finally:
             if proc.poll() is None:
                 proc.terminate()
             proc.wait()
             reader.join()
     return "".join(lines)
+
+
+# Seconds ``flwr run --stream`` may take to exit once the run's results are written.
+DONE_GRACE_S = 0.5
 
 
 def _copy_lines(proc: subprocess.Popen, lines: list[str], log_fh: TextIO, echo: bool) -> None:

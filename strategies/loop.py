@@ -185,6 +185,8 @@ class RoundLoop(Strategy):
         self.failed_in_a_row = 0  # rounds in a row without an accepted client update
         self.first_round = 1  # the round after the checkpoint a resumed run starts from
         self.checkpoint_path: Path | None = None  # where each round's checkpoint goes
+        # Wall-clock time (time.time()) at which each start-up stage ended.
+        self.timeline: dict[str, float] = {}
 
     # ----- Flower Strategy interface -------------------------------------------------
     def summary(self) -> None:
@@ -404,9 +406,11 @@ class RoundLoop(Strategy):
         if self.parts.aggregator is not None:
             self.nodes = self.discover(grid, timeout)
             log.info("clients: partitions %s", sorted(self.nodes))
+        self.timeline["nodes_found"] = time.time()
         if self.first_round == 1:
             self.parts.trainer.bootstrap()
             self.update_payloads(0)
+        self.timeline["first_round"] = time.time()
         result = Result()
         limit = self.cfg["federation"]["max_failed_rounds"]
         for rnd in range(self.first_round, num_rounds + 1):
@@ -416,9 +420,10 @@ class RoundLoop(Strategy):
             row["seconds"] = time.perf_counter() - started
             if self.protocols.due(rnd, num_rounds):
                 row.update(self.protocols.evaluate(self.server.model, rnd))
-            result.evaluate_metrics_serverapp[rnd] = MetricRecord(
-                {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
-            )
+            if "test_accuracy" in row:
+                result.evaluate_metrics_serverapp[rnd] = MetricRecord(
+                    {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
+                )
             self.rows.append(row)
             self.on_round(row)
             progressed = stats.replies > 0 or self.parts.aggregator is None
@@ -491,7 +496,7 @@ class RoundLoop(Strategy):
         if not trainer.beside_clients:
             server_metrics = trainer.train(rnd)
         round_metrics.update(self.update_payloads(rnd))
-        evaluation = self.parts.evaluator.evaluate(self.server.model)
+        evaluation = self.parts.evaluator.evaluate(self.server.model) if self.tested(rnd) else {}
         return {
             "round": rnd,
             **evaluation,
@@ -509,11 +514,15 @@ class RoundLoop(Strategy):
             out["local_accuracy"] = self.local_accuracy(updates)
         self.server.load(arrays)
         trainer = self.parts.trainer
-        if trainer.trains() and not trainer.beside_clients:
+        if trainer.trains() and not trainer.beside_clients and self.tested(rnd):
             aggregate = self.parts.evaluator.evaluate(self.server.model)
             out["aggregate_accuracy"] = aggregate["test_accuracy"]
         out.update(self.sparse_metrics("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
         return out
+
+    def tested(self, rnd: int) -> bool:
+        """Whether round ``rnd`` evaluates on the test set (eval.every, and the last round)."""
+        return rnd % self.cfg["eval"]["every"] == 0 or rnd == self.cfg["rounds"]
 
     def sent(self, messages: list[Message]) -> set[int]:
         return {self.partition_of(m.metadata.dst_node_id) for m in messages}

@@ -43,6 +43,7 @@ from tasks.partition import Split
 from tasks.protocols import ProtocolSettings, finetune_accuracy, linear_accuracy
 from tasks.train import (
     LossFn,
+    autocast,
     derive_seed,
     evaluate,
     make_sgd,
@@ -200,9 +201,11 @@ class TestAccuracy:
     def __init__(self, server: ServerSide):
         self.x, self.y = server.test_x, server.test_y
         self.batch_size = server.cfg["eval"]["batch_size"]
+        self.cfg, self.device = server.cfg, server.device
 
     def evaluate(self, model: nn.Module) -> Metrics:
-        acc, loss = evaluate(model, self.x, self.y, self.batch_size)
+        with autocast(self.cfg, self.device):
+            acc, loss = evaluate(model, self.x, self.y, self.batch_size)
         return {"test_accuracy": acc, "test_loss": loss}
 
 
@@ -348,7 +351,8 @@ class SupervisedTrainer:
             return {}
         opt = self.optimizer(server_round)
         loss_fn, loss_metrics = self.loss(server_round)
-        with seeded(derive_seed(self.cfg["seed"], "server", server_round)) as gen:
+        seed = derive_seed(self.cfg["seed"], "server", server_round)
+        with seeded(seed) as gen, autocast(self.cfg, self.server.device):
             out = supervised_epochs(
                 self.model,
                 self.server.labeled_x,

@@ -10,7 +10,7 @@ the op choice per sample is done here; the image ops themselves are kornia's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 from kornia import augmentation as K
@@ -133,3 +133,19 @@ def _augment_pending(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     views = augment(x[torch.cat(pending)]) if size else x[:0]
     yield from zip(pending, views.split([len(i) for i in pending]), strict=True)
+
+
+def grouped_views(
+    x: torch.Tensor,
+    batches: Iterable[torch.Tensor],
+    augments: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+    group_size: int = AUGMENT_GROUP,
+) -> Iterator[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+    """(idx, (a(x[idx]) for a in augments)) for every index batch, each augmentation
+    called on about ``group_size`` images at a time (see :func:`augment_grouped`)."""
+
+    def every_view(images: torch.Tensor) -> torch.Tensor:
+        return torch.stack([augment(images) for augment in augments], dim=1)
+
+    for idx, views in augment_grouped(x, batches, every_view, group_size):
+        yield idx, views.unbind(1)

@@ -68,7 +68,13 @@ DEFAULTS: dict[str, Any] = {
         # SSL heads on the embedding (SimCLR, SimSiam, BYOL, FedSup); 0 = none.
         "projector_dim": 0,
         "predictor_dim": 0,
+        # Weights (and so the conv inputs) in channels-last memory layout (ours; a GPU speed
+        # option, off by default).
+        "channels_last": False,
     },
+    # amp "bf16": client training, server training and evaluation under bf16 autocast
+    # (ours; a GPU speed option, off by default, "off" = float32 throughout).
+    "train": {"amp": "off"},
     "server": {
         "bootstrap_epochs": 0,
         "epochs": 0,
@@ -118,6 +124,8 @@ DEFAULTS: dict[str, Any] = {
     # local_models: also record local_accuracy, the clients' trained models' mean test
     # accuracy each round (FedMatch Table 2's metric).
     "eval": {
+        # Test-set evaluation every this-th round and at the last (the aggregate's too).
+        "every": 1,
         "batch_size": 500,
         "local_models": False,
         # FedSup 5.1.2's protocols on the global model: a fresh linear head finetuned end
@@ -144,6 +152,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.norm": ("none", "bn", "gn"),
     "lr_schedule.name": ("exponential", "cosine"),
     "eval.protocol_schedule": ("cosine", "constant"),
+    "train.amp": ("off", "bf16"),
 }
 
 
@@ -245,6 +254,7 @@ RULES: dict[str, Range] = {
     "simulation.num_cpus": between(1, MAX_CPUS),
     "simulation.num_gpus": UNIT,
     "eval.batch_size": between(1, MAX_BATCH),
+    "eval.every": between(1, MAX_ROUNDS),
     "eval.protocol_every": between(0, MAX_ROUNDS),
     "eval.finetune_epochs": between(1, MAX_EPOCHS),
     "eval.finetune_lr": POSITIVE,

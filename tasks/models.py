@@ -390,11 +390,12 @@ def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
 
     ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData);
     ``model.head_size`` (0 or absent: the class count) sets the head's width;
-    ``model.projector_dim`` and ``model.predictor_dim`` (0: none) add the SSL heads.
+    ``model.projector_dim`` and ``model.predictor_dim`` (0: none) add the SSL heads;
+    ``model.channels_last`` lays the weights out channels-last.
     """
     head_size = int(mcfg.get("head_size", 0))
     check_head_size(head_size, data.num_classes)
-    return build_model(
+    model = build_model(
         mcfg["name"],
         data.channels,
         data.num_classes,
@@ -407,3 +408,6 @@ def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
         int(mcfg.get("projector_dim", 0)),
         int(mcfg.get("predictor_dim", 0)),
     )
+    if mcfg.get("channels_last", False):
+        model = model.to(memory_format=torch.channels_last)
+    return model

@@ -10,12 +10,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 log = logging.getLogger("flwr.ssfl")
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on first use (0.6 s: not at the
+    start of every command and process)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 # Round metrics that results.json also gives as final_<name> when the last round has them.
@@ -44,6 +50,8 @@ class Recorder:
         self.started = time.time()
         self.jsonl = self.out_dir / "metrics.jsonl"
         self.jsonl.write_text("")
+        # Wall-clock ends of the start-up stages (the ServerApp's), "finished" added last.
+        self.timeline: dict[str, float] = {}
 
     def add_round(self, row: Mapping[str, Any]) -> None:
         """Append a round's row to metrics.jsonl and log one progress line."""
@@ -51,14 +59,12 @@ class Recorder:
         self.rows.append(row)
         with self.jsonl.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        log.info(
-            "round %d/%d  test_accuracy %.4f  test_loss %.4f  %.1fs",
-            row["round"],
-            self.cfg["rounds"],
-            row["test_accuracy"],
-            row["test_loss"],
-            row["seconds"],
+        tested = (
+            f"  test_accuracy {row['test_accuracy']:.4f}  test_loss {row['test_loss']:.4f}"
+            if "test_accuracy" in row
+            else ""
         )
+        log.info("round %d/%d%s  %.1fs", row["round"], self.cfg["rounds"], tested, row["seconds"])
 
     def resume(self, rows: list[dict[str, Any]]) -> None:
         """Start from a checkpoint's rows (a resumed run): kept, and metrics.jsonl rewritten."""
@@ -68,7 +74,7 @@ class Recorder:
     def results(self, failure: str | None = None) -> dict[str, Any]:
         """The run's record; ``failure``: the one line of a run that stopped (rule 3 of the
         reliability issue), None for a completed run."""
-        accs = [r["test_accuracy"] for r in self.rows]
+        accs = [r["test_accuracy"] for r in self.rows if "test_accuracy" in r]
         return {
             "status": "failed" if failure else "completed",
             **({"failure": failure} if failure else {}),
@@ -85,6 +91,7 @@ class Recorder:
             "best_test_accuracy": max(accs) if accs else None,
             **self.final_of_last_round(),
             "wall_seconds": time.time() - self.started,
+            "timeline": {**self.timeline, "finished": time.time()},
             "host": {"python": platform.python_version(), "machine": platform.machine()},
         }
 
@@ -95,10 +102,13 @@ class Recorder:
         return {f"final_{k}": last[k] for k in FINAL_OF_LAST_ROUND if k in last}
 
     def finish(self, failure: str | None = None) -> dict[str, Any]:
-        """Write results.json and accuracy.png; return the results (see ``results``)."""
+        """Write accuracy.png, then results.json (atomically: a reader that sees the file
+        sees the run's every file); return the results (see ``results``)."""
         results = self.results(failure)
-        (self.out_dir / "results.json").write_text(json.dumps(results, indent=2))
         plot_curves([results], self.out_dir / "accuracy.png")
+        partial = self.out_dir / "results.json.partial"
+        partial.write_text(json.dumps(results, indent=2))
+        partial.replace(self.out_dir / "results.json")
         return results
 
 
@@ -125,6 +135,7 @@ def plot_curves(
     runs: Sequence[Mapping[str, Any]], path: Path, title: str = "", metric: str = "test_accuracy"
 ) -> None:
     """A per-round metric (test accuracy by default) of one or more runs in one figure."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for res in runs:
         rows = [r for r in res["rounds"] if metric in r]
@@ -142,8 +153,8 @@ def plot_curves(
 
 
 def accuracy_at(results: Mapping[str, Any], rnd: int) -> float | None:
-    """Test accuracy after round ``rnd`` (None when the run is shorter)."""
-    return next((r["test_accuracy"] for r in results["rounds"] if r["round"] == rnd), None)
+    """Test accuracy after round ``rnd`` (None when the run is shorter or did not test it)."""
+    return next((r.get("test_accuracy") for r in results["rounds"] if r["round"] == rnd), None)
 
 
 def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
@@ -176,6 +187,7 @@ def plot_sweep(
     xs = [x for points in series.values() for x, _ in points]
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
     order = list(dict.fromkeys(xs))
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in series.items():
         pos = [x if numeric else order.index(x) for x, _ in points]

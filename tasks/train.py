@@ -42,6 +42,13 @@ def seeded(seed: int) -> Iterator[torch.Generator]:
         yield torch.Generator().manual_seed(seed)
 
 
+def autocast(cfg: Mapping[str, Any], device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when ``train.amp`` is "bf16", else nothing."""
+    if cfg["train"]["amp"] == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def to_float(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     """uint8 (N, C, H, W) -> float32 in [0, 1] on ``device``."""
     return images.to(device=device, dtype=torch.float32).div_(255.0)
@@ -208,7 +215,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Logits of the model in eval mode, batch by batch."""
     model.eval()
-    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+    return torch.cat([model(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)])
 
 
 def evaluate(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from kornia import augmentation as K
 
@@ -8,8 +9,11 @@ from tasks.augment import (
     StrongAugment,
     WeakAugment,
     augment_grouped,
+    grouped_views,
     randaugment_ops,
 )
+from tests.harness import InProcessGrid, run_method
+from tests.test_resume import STEP_METHODS, tiny_raw
 
 
 def batch_of_one_image(n=64, channels=1, size=28):
@@ -103,3 +107,48 @@ def test_augment_grouped_never_augments_an_empty_group():
     out = list(augment_grouped(torch.zeros(4, 1), [empty, empty], refuse))
     assert [v.shape for _, v in out] == [(0, 1), (0, 1)]
     assert list(augment_grouped(torch.zeros(4, 1), [], refuse)) == []
+
+
+def test_grouped_views_give_each_batch_every_view_of_its_own_images():
+    x = torch.arange(6.0)[:, None]
+    batches = [torch.tensor([4, 2]), torch.tensor([5]), torch.tensor([0, 1, 3])]
+    out = list(grouped_views(x, batches, (lambda v: v + 100.0, lambda v: -v), group_size=3))
+    assert [idx.tolist() for idx, _ in out] == [b.tolist() for b in batches]
+    for (_, (plus, minus)), batch in zip(out, batches, strict=True):
+        assert plus.squeeze(1).tolist() == (x[batch] + 100.0).squeeze(1).tolist()
+        assert minus.squeeze(1).tolist() == (-x[batch]).squeeze(1).tolist()
+
+
+STRONG_VIEW_METHODS = (
+    "fedavg_fixmatch",
+    "fedavg_uda",
+    "fedavg_with_server",
+    "fedrgd",
+    "fedavg_simclr",
+    "fedavg_simsiam",
+    "fedavg_byol",
+    "fedsup",
+    "fedseal",
+)
+
+
+@pytest.mark.parametrize("method", STRONG_VIEW_METHODS)
+def test_a_client_round_draws_its_strong_views_in_grouped_calls(method, monkeypatch):
+    """Six batches of 16 a round: one strong-augmentation call per view, not one per batch
+    (issue 21: RandAugment runs all of its ops on every call)."""
+    raw = tiny_raw(method)
+    raw.update(rounds=1, federation={"clients_per_round": 0})
+    raw["dataset"]["synthetic_train_size"] = 600
+    raw["split"]["client_size"] = 96
+    raw["client"] = {"batch_size": 16, **({"local_steps": 6} if method in STEP_METHODS else {})}
+    calls: list[int] = []
+    forward = StrongAugment.forward
+
+    def counted(self, x):
+        calls.append(len(x))
+        return forward(self, x)
+
+    monkeypatch.setattr(StrongAugment, "forward", counted)
+    run_method(raw, InProcessGrid(3))
+    views = 2 if method.startswith("fedavg_s") or method == "fedavg_byol" else 1
+    assert calls and len(calls) <= 3 * views

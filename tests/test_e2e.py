@@ -85,6 +85,9 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
     assert all(set(r) >= ROUND_KEYS for r in res["rounds"])
     assert 0.0 <= res["final_test_accuracy"] <= 1.0
     assert res["split"]["client_sizes"] == [200] * 3
+    stages = ("server_main", "server_built", "nodes_found", "first_round", "finished")
+    times = [res["timeline"][stage] for stage in stages]
+    assert times == sorted(times)
     if method == "fedossl":  # every class's role recorded; seen/unseen accuracies each round
         roles = res["split"]["class_roles"]
         assert roles["roles"] == "SSSSSSLGGG" and roles["client_classes"][0] == [*range(7), 7]

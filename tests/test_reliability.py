@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
@@ -272,7 +275,7 @@ FAILURE = "no client update accepted in 3 rounds in a row (rounds 1-3); round 3:
 def fake_flower(monkeypatch, write: dict | None, status: str) -> None:
     """flwr run writes ``write`` as results.json (None: nothing) and ends as ``status``."""
 
-    def run_logged(cmd, env, log_path, echo, watch=None):
+    def run_logged(cmd, env, log_path, echo, watch=None, done=None):
         out = log_path.parent
         if write is not None:
             (out / "results.json").write_text(json.dumps(write))
@@ -299,7 +302,8 @@ def test_runner_ignores_a_previous_runs_results(tmp_path, monkeypatch):
 def test_cli_run_that_stalls_exits_1_with_one_line(tmp_path, monkeypatch, capsys, synthetic_raw):
     experiment = tmp_path / "exp.yaml"
     experiment.write_text(yaml.safe_dump(synthetic_raw))
-    monkeypatch.setattr(ssfl.runner.LocalSuperLink, "start", lambda self: None)
+    monkeypatch.setattr(ssfl.runner.LocalSuperLink, "launch", lambda self: None)
+    monkeypatch.setattr(ssfl.runner.LocalSuperLink, "wait_ready", lambda self: None)
     fake_flower(monkeypatch, {"status": "failed", "failure": FAILURE}, "finished:failed")
     code = main(["run", str(experiment), "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 1
@@ -327,3 +331,40 @@ def test_a_failed_clients_reason_is_cut_to_its_cause():
     deployed = "<class 'tasks.config.ConfigError'>:<'data-path '/n0': cannot read x.png (bad)'>"
     assert failure_cause(deployed) == "ConfigError: data-path '/n0': cannot read x.png (bad)"
     assert failure_cause("the node went away\nfor good") == "the node went away for good"
+
+
+def test_a_refused_config_stops_the_superlink_booting_beside_it(tmp_path, monkeypatch, capsys):
+    links = []
+    booting = ssfl.runner.LocalSuperLink.booting.__func__
+
+    def kept(cls):
+        links.append(booting(cls))
+        return links[-1]
+
+    monkeypatch.setattr(ssfl.runner.LocalSuperLink, "booting", classmethod(kept))
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text(yaml.safe_dump({"method": "server_sl", "client": {"lr": -1}}))
+    assert main(["run", str(experiment), "--out", str(tmp_path / "out")]) == 2
+    assert "client.lr" in capsys.readouterr().err
+    (link,) = links
+    assert link.process.poll() is not None and not link.home.exists()
+
+
+def test_the_runner_names_the_checkpoint_files_as_the_checkpoint_module():
+    from tasks import checkpoint
+
+    assert ssfl.runner.CHECKPOINT_FILE == checkpoint.CHECKPOINT_FILE
+    assert ssfl.runner.CLIENT_STATE_DIR == checkpoint.CLIENT_STATE_DIR
+
+
+def test_the_stream_is_left_once_the_results_are_written(tmp_path):
+    """flwr run --stream only streams the teardown after results.json: not waited for."""
+    written = tmp_path / "results.json"
+    child = f"import time; open({str(written)!r}, 'w'); print('streaming', flush=True); "
+    cmd = [sys.executable, "-c", child + "time.sleep(60)"]
+    started = time.monotonic()
+    output = ssfl.runner._run_logged(
+        cmd, dict(os.environ), tmp_path / "flower.log", echo=False, done=written.is_file
+    )
+    assert time.monotonic() - started < 30
+    assert output == "streaming\n"

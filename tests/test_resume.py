@@ -215,7 +215,7 @@ def test_ssfl_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(feds
     straight = ssfl_run(fedseal_exp, tmp_path / "straight", "--quiet")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == without_seconds(straight["rounds"])
-    excluded = {"rounds", "wall_seconds"}
+    excluded = {"rounds", "wall_seconds", "timeline"}
     assert {k: v for k, v in resumed.items() if k not in excluded} == {
         k: v for k, v in straight.items() if k not in excluded
     }

@@ -50,3 +50,30 @@ def test_a_profiled_round_attributes_its_wall_time_once_and_records_each_clients
 def test_the_steady_round_is_the_median_after_round_one(profile):
     assert profile.steady([9.0, 2.0, 4.0, 3.0]) == 3.0
     assert profile.steady([5.0]) == 5.0
+
+
+def test_start_up_stages_add_up_and_leave_the_bootstrap_out(profile):
+    marks = {
+        "cli_ready": 102.0,
+        "run_submitted": 105.0,
+        "server_main": 109.0,
+        "server_built": 110.5,
+        "nodes_found": 114.0,
+        "first_round": 120.0,
+        "finished": 150.0,
+    }
+    stages = profile.startup_stages(100.0, marks, 151.0)
+    assert stages == {
+        "cli_s": 2.0,
+        "superlink_and_submit_s": 3.0,
+        "serverapp_launch_s": 4.0,
+        "server_setup_s": 1.5,
+        "node_discovery_s": 3.5,
+        "bootstrap_s": 6.0,
+        "to_first_round_s": 14.0,
+        "shutdown_s": 1.0,
+    }
+    unseen = profile.startup_stages(
+        100.0, {k: v for k, v in marks.items() if k != "cli_ready"}, 151.0
+    )
+    assert unseen["cli_s"] == 0.0 and unseen["superlink_and_submit_s"] == 5.0

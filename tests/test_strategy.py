@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ssfl.experiment import resolve_config
 from strategies.loop import RoundStats
 from tasks.models import model_for
+from tasks.results import Recorder
 from tasks.train import evaluate
 from tests.harness import InProcessGrid, run_method
 
@@ -190,3 +192,24 @@ def test_local_accuracy_is_recorded_only_when_asked(synthetic_raw):
         accuracies.append(evaluate(model, server.test_x, server.test_y, 500)[0])
     assert rows[-1]["local_accuracy"] == pytest.approx(sum(accuracies) / 3)
     assert len(set(accuracies)) > 1  # the clients' models differ
+
+
+def test_eval_every_tests_only_the_asked_rounds_and_the_last_without_changing_training(
+    synthetic_raw, tmp_path
+):
+    raw = {**synthetic_raw, "rounds": 3}
+    every_round = run(raw, InProcessGrid(3))
+    rows = run({**raw, "eval": {"every": 2}}, InProcessGrid(3))
+    tested = [r["round"] for r in rows if "test_accuracy" in r]
+    assert tested == [2, 3]
+    assert [r["round"] for r in rows if "aggregate_accuracy" in r] == [2, 3]
+    for row, full in zip(rows, every_round, strict=True):
+        assert row["train_loss"] == full["train_loss"]
+        if row["round"] in tested:
+            assert row["test_accuracy"] == full["test_accuracy"]
+    recorder = Recorder(tmp_path, resolve_config({**raw, "eval": {"every": 2}}), {})
+    for row in rows:
+        recorder.add_round(row)
+    results = recorder.finish()
+    assert results["final_test_accuracy"] == rows[-1]["test_accuracy"]
+    assert results["best_test_accuracy"] == max(rows[i]["test_accuracy"] for i in (1, 2))

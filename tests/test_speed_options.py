@@ -1,0 +1,74 @@
+"""Speed options (issue 21): bf16 autocast (``train.amp``) and channels-last weights
+(``model.channels_last``) are off by default, work for every method on CPU, and the
+layout alone leaves the numbers as they are."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+from ssfl.experiment import resolve_config
+from ssfl.registry import METHODS
+from tasks.config import DEFAULTS, ConfigError
+from tasks.models import model_for
+from tasks.train import autocast
+from tests.harness import InProcessGrid, run_method
+from tests.test_resume import tiny_raw
+
+
+def one_round(method: str, **sections) -> list[dict]:
+    raw = tiny_raw(method)
+    raw["rounds"] = 1
+    for key, values in sections.items():
+        raw[key] = {**raw.get(key, {}), **values}
+    rows, _ = run_method(raw, InProcessGrid(3))
+    return rows
+
+
+def test_both_options_are_off_by_default():
+    assert DEFAULTS["train"]["amp"] == "off"
+    assert DEFAULTS["model"]["channels_last"] is False
+    cfg = resolve_config(tiny_raw("fedavg_fixmatch"))
+    assert isinstance(autocast(cfg, torch.device("cpu")), contextlib.nullcontext)
+
+
+def test_an_unknown_precision_is_refused():
+    with pytest.raises(ConfigError, match=r"train\.amp"):
+        resolve_config({**tiny_raw("fedavg_fixmatch"), "train": {"amp": "fp8"}})
+
+
+def test_channels_last_lays_out_the_conv_weights_and_keeps_the_outputs():
+    mcfg = resolve_config(tiny_raw("fedavg_fixmatch"))["model"]
+    data = type("D", (), dict(channels=1, num_classes=10, image_size=28, mean=(0.5,), std=(0.5,)))
+    torch.manual_seed(0)
+    plain = model_for(mcfg, data).eval()
+    torch.manual_seed(0)
+    laid = model_for({**mcfg, "channels_last": True}, data).eval()
+    convs = [p for p in laid.parameters() if p.dim() == 4]
+    assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    x = torch.rand(8, 1, 28, 28)
+    torch.testing.assert_close(laid(x), plain(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_runs_a_round_with_both_options_on(method):
+    rows = one_round(method, train={"amp": "bf16"}, model={"channels_last": True})
+    accuracy = rows[-1]["test_accuracy"]
+    assert 0.0 <= accuracy <= 1.0 and math.isfinite(rows[-1]["test_loss"])
+
+
+def test_channels_last_alone_gives_the_numbers_of_the_default_layout():
+    plain = one_round("fedavg_fixmatch")[-1]
+    laid = one_round("fedavg_fixmatch", model={"channels_last": True})[-1]
+    for key in ("train_loss", "test_loss"):
+        assert laid[key] == pytest.approx(plain[key], rel=1e-3)
+
+
+def test_bf16_is_honoured():
+    plain = one_round("fedavg_fixmatch")[-1]
+    half = one_round("fedavg_fixmatch", train={"amp": "bf16"})[-1]
+    assert half["test_loss"] != plain["test_loss"]
+    assert half["test_loss"] == pytest.approx(plain["test_loss"], rel=0.05)
