@@ -255,16 +255,20 @@ def replay(passes: list[Pass], models: dict[str, nn.Module]) -> float:
     """Seconds to redo ``passes`` on random batches: the bare arithmetic."""
     torch.manual_seed(0)
     live: dict[str, nn.Module] = {k: copy.deepcopy(m) for k, m in models.items()}
+    # Models without parameters of their own (FedMatch's functional calls with a helper's
+    # weights) are run but never stepped: a step goes to the last model run that has some.
     optimizers = {
-        k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in live.items()
+        k: torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        for k, m in live.items()
+        if (params := list(m.parameters()))
     }
     kept: list[torch.Tensor] = []
-    last_key = next(iter(live)) if live else ""
+    last_key = next(iter(optimizers), "")
     start = time.perf_counter()
     for kind, arg in passes:
         if kind == "fwd":
             key, shape, grad = arg
-            last_key = key
+            last_key = key if key in optimizers else last_key
             with torch.set_grad_enabled(grad):
                 out = live[key](torch.randn(shape))
             if grad:
@@ -272,7 +276,7 @@ def replay(passes: list[Pass], models: dict[str, nn.Module]) -> float:
         elif kind == "bwd" and kept:
             torch.stack(kept).sum().backward()
             kept = []
-        elif kind == "step":
+        elif kind == "step" and last_key in optimizers:
             optimizers[last_key].step()
             optimizers[last_key].zero_grad(set_to_none=True)
     return time.perf_counter() - start
@@ -372,6 +376,14 @@ def steady(values: list[float]) -> float:
     return statistics.median(values[1:] or values)
 
 
+def median_trace(traces: list[RoundTrace]) -> RoundTrace:
+    """The round of median wall time among rounds 2..N (round 1 alone when N = 1): the
+    round whose passes the bare loop replays (with eval.every, a round that evaluates
+    only when most do)."""
+    rounds = sorted(traces[1:] or traces, key=lambda t: t.wall)
+    return rounds[(len(rounds) - 1) // 2]
+
+
 def phase_table(traces: list[RoundTrace]) -> dict[str, dict[str, float]]:
     """Mean exclusive seconds per phase and kind over the steady rounds (2..N)."""
     rounds = traces[1:] or traces
@@ -431,7 +443,7 @@ def main() -> None:
     flower = flower_run(args.experiment, args.rounds, args.sets)
     torch.set_num_threads(1)
     traces, models = profiled_rounds(cfg)
-    steady_trace = traces[-1]
+    steady_trace = median_trace(traces)
     bare = bare_round(steady_trace, models, parallel, cores)
     report = {
         "experiment": args.experiment,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
 
 from client_app.base import ClientHalf
-from tasks.augment import RandAugment
+from tasks.augment import RandAugment, augment_grouped
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -112,14 +112,21 @@ class FedMatchClient(ClientHalf):
         counts = np.zeros(4)  # seen, confident, confident and right, loss sum
         steps = 0
         model.train()
-        for _ in range(ccfg["epochs"]):
-            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator):
-                if len(d.labeled_x):
-                    self.sigma_step(opt_s, steps)
-                idx = idx.to(d.x.device)
-                true_y = None if d.true_y is None else d.true_y[idx]
-                counts += self.unlabeled_step(opt_u, d.x[idx], true_y)
-                steps += 1
+        algo = self.algo
+        view = randaugment(
+            algo["randaugment_n"], algo["randaugment_m"], d.channels, str(self.device)
+        )
+        batches = (
+            idx.to(d.x.device)
+            for _ in range(ccfg["epochs"])
+            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator)
+        )
+        for idx, views in augment_grouped(d.x, batches, view):
+            if len(d.labeled_x):
+                self.sigma_step(opt_s, steps)
+            true_y = None if d.true_y is None else d.true_y[idx]
+            counts += self.unlabeled_step(opt_u, d.x[idx], views, true_y)
+            steps += 1
         if model.decomposed:
             model.prune_psi(self.algo["l1_threshold"])
         seen, kept, right, loss = counts
@@ -148,9 +155,16 @@ class FedMatchClient(ClientHalf):
         opt.step()
 
     def unlabeled_step(
-        self, opt: torch.optim.Optimizer, xb: torch.Tensor, true_y: torch.Tensor | None
+        self,
+        opt: torch.optim.Optimizer,
+        xb: torch.Tensor,
+        views: torch.Tensor,
+        true_y: torch.Tensor | None,
     ) -> np.ndarray:
         """Eq. 5 on one unlabeled batch, sigma frozen; returns the batch's counts.
+
+        ``views`` are the batch's RandAugment views pi(u), drawn ahead for the whole
+        group (tasks.augment.augment_grouped); the confident ones are trained on.
 
         ``true_y`` (hidden labels, for the diagnostics only) is None on a node that has
         unlabeled images alone."""
@@ -169,10 +183,7 @@ class FedMatchClient(ClientHalf):
             xs = xb[sel]
             helper_probs = [torch.softmax(model.forward_with(h, xs), dim=1) for h in self.helpers]
             labels = agreement_labels(probs[sel], helper_probs)
-            view = randaugment(
-                algo["randaugment_n"], algo["randaugment_m"], self.data.channels, str(self.device)
-            )(xs)
-            loss = loss + algo["lambda_a"] * F.cross_entropy(model(view), labels)
+            loss = loss + algo["lambda_a"] * F.cross_entropy(model(views[sel]), labels)
             loss = loss + algo["lambda_i"] * inter_client_kl(helper_probs, logits[sel])
             right = 0 if true_y is None else int((labels == true_y[sel]).sum())
         if loss.requires_grad:

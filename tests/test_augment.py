@@ -129,12 +129,13 @@ STRONG_VIEW_METHODS = (
     "fedavg_byol",
     "fedsup",
     "fedseal",
+    "fedmatch",
 )
 
 
 @pytest.mark.parametrize("method", STRONG_VIEW_METHODS)
 def test_a_client_round_draws_its_strong_views_in_grouped_calls(method, monkeypatch):
-    """Six batches of 16 a round: one strong-augmentation call per view, not one per batch
+    """Six batches of 16 a round: one RandAugment call per strong view, not one per batch
     (issue 21: RandAugment runs all of its ops on every call)."""
     raw = tiny_raw(method)
     raw.update(rounds=1, federation={"clients_per_round": 0})
@@ -142,13 +143,13 @@ def test_a_client_round_draws_its_strong_views_in_grouped_calls(method, monkeypa
     raw["split"]["client_size"] = 96
     raw["client"] = {"batch_size": 16, **({"local_steps": 6} if method in STEP_METHODS else {})}
     calls: list[int] = []
-    forward = StrongAugment.forward
+    forward = RandAugment.forward
 
     def counted(self, x):
         calls.append(len(x))
         return forward(self, x)
 
-    monkeypatch.setattr(StrongAugment, "forward", counted)
+    monkeypatch.setattr(RandAugment, "forward", counted)
     run_method(raw, InProcessGrid(3))
     views = 2 if method.startswith("fedavg_s") or method == "fedavg_byol" else 1
     assert calls and len(calls) <= 3 * views

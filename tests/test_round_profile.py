@@ -77,3 +77,9 @@ def test_start_up_stages_add_up_and_leave_the_bootstrap_out(profile):
         100.0, {k: v for k, v in marks.items() if k != "cli_ready"}, 151.0
     )
     assert unseen["cli_s"] == 0.0 and unseen["superlink_and_submit_s"] == 5.0
+
+
+def test_the_bare_loop_replays_the_median_steady_round(profile):
+    traces = [profile.RoundTrace(wall=w) for w in (9.0, 1.0, 5.0, 1.2, 1.1)]
+    assert profile.median_trace(traces).wall == 1.1
+    assert profile.median_trace(traces[:1]).wall == 9.0
