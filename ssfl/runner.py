@@ -191,9 +191,9 @@ class LocalSuperLink:
     process: subprocess.Popen | None = None
 
     @classmethod
-    def create(cls, home: Path | None = None) -> LocalSuperLink:
-        """A SuperLink (not started) whose FLWR_HOME is ``home`` (None: a new scratch folder)."""
-        home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-")) if home is None else home
+    def create(cls) -> LocalSuperLink:
+        """A SuperLink (not started) with a new scratch FLWR_HOME."""
+        home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-"))
         env = flwr_env(
             home,
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
