@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from ssfl.experiment import check_data, resolve_experiment  # noqa: E402
 from tasks.augment import RandAugment, StrongAugment, WeakAugment  # noqa: E402
-from tasks.train import resolve_device  # noqa: E402
+from tasks.train import keep_freed_memory, resolve_device  # noqa: E402
 from tests.harness import InProcessGrid, build_strategy  # noqa: E402
 
 AUGMENTERS = (WeakAugment, RandAugment, StrongAugment)
@@ -432,6 +432,7 @@ def main() -> None:
     if resolve_device(cfg["device"]).type != "cpu":
         raise SystemExit("round_profile: profiles CPU runs only (set device: cpu)")
     check_data(cfg)
+    keep_freed_memory()  # as the ServerApp and ClientApps do
     cores = os.cpu_count() or 1
     parallel = max(
         1,

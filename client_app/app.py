@@ -9,6 +9,7 @@ from flwr.clientapp import ClientApp
 from client_app.base import node_from_config, parse_config
 from client_app.state import restore_state, save_state, state_folder
 from ssfl.registry import method
+from tasks.train import keep_freed_memory
 
 app = ClientApp()
 
@@ -27,6 +28,7 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training of the method named in the round's config."""
+    keep_freed_memory()
     cfg = parse_config(str(msg.content["config"]["ssfl-config"]))
     client_class = method(cfg["method"]).client_half()
     if client_class is None:

@@ -17,7 +17,7 @@ from strategies.parts import ServerSide
 from tasks.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from tasks.partition import get_split
 from tasks.results import Recorder
-from tasks.train import resolve_device
+from tasks.train import keep_freed_memory, resolve_device
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -27,6 +27,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     entered = time.time()
+    keep_freed_memory()
     cfg = from_run_config(context.run_config, APP_DIR)
     dataset, split = get_split(cfg)
     server = ServerSide.build(cfg, dataset, split, resolve_device(cfg["device"]))

@@ -45,14 +45,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:
         cfg, out = prepare(args)
-    except BaseException:
-        link.close()
-        raise
-    try:
         results = run_simulation(cfg, out, stream=not args.quiet, resume=args.resume, link=link)
     except RunFailed as err:
         print(f"ssfl: run failed: {err}", file=sys.stderr)
         return 1
+    finally:
+        link.close()  # run_simulation closed it already, keeping its log, unless it raised early
     report(results, out)
     return 0
 

@@ -48,6 +48,7 @@ from tasks.train import (
     cosine_warmup_lr,
     derive_seed,
     evaluate,
+    keep_freed_memory,
     make_sgd,
     resolve_device,
     seeded,
@@ -251,6 +252,7 @@ def run_sanity(
     if opts.steps < 1 or opts.mu < 1 or opts.labels_per_class < 1:
         raise ConfigError("--steps, --mu and --labels-per-class must be >= 1")
     cfg = sanity_config(method, dataset, list(sets))
+    keep_freed_memory()
     results = train_sanity(method, cfg, load_dataset(request_for(cfg)), opts)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))

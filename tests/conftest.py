@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks.train import keep_freed_memory
+
 ROOT = Path(__file__).resolve().parents[1]
+
+keep_freed_memory()  # as every training process of the app does
 
 
 def real_data_dir() -> Path | None:

@@ -350,6 +350,28 @@ def test_a_refused_config_stops_the_superlink_booting_beside_it(tmp_path, monkey
     assert link.process.poll() is not None and not link.home.exists()
 
 
+def test_ssfl_run_stops_its_superlink_whatever_the_runner_does(
+    tmp_path, monkeypatch, synthetic_raw
+):
+    links = []
+    booting = ssfl.runner.LocalSuperLink.booting.__func__
+
+    def kept(cls):
+        links.append(booting(cls))
+        return links[-1]
+
+    def runner_that_fails_before_using_the_link(*args, **kwargs):
+        raise RunFailed("flwr run could not start")
+
+    monkeypatch.setattr(ssfl.runner.LocalSuperLink, "booting", classmethod(kept))
+    monkeypatch.setattr(ssfl.runner, "run_simulation", runner_that_fails_before_using_the_link)
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text(yaml.safe_dump(synthetic_raw))
+    assert main(["run", str(experiment), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    (link,) = links
+    assert link.process.poll() is not None and not link.home.exists()
+
+
 def test_the_runner_names_the_checkpoint_files_as_the_checkpoint_module():
     from tasks import checkpoint
 

@@ -1,0 +1,93 @@
+"""The round's message exchange: replies are seen soon after they arrive, the timeout holds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from flwr.app import Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from strategies.loop import REPLY_POLL_MAX_S, exchange
+
+
+class DelayedGrid(Grid):
+    """Node ``i``'s reply can be pulled ``delays[i]`` seconds after the push (None: never)."""
+
+    def __init__(self, delays: list[float | None]):
+        self.delays = delays
+        self.ready_at: dict[str, tuple[float, Message]] = {}
+        self.pulls = 0
+
+    def set_run(self, run_id: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def run(self):
+        raise NotImplementedError
+
+    def create_message(self, *args, **kwargs) -> Message:
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(range(len(self.delays)))
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        now, ids = time.monotonic(), []
+        for msg in messages:
+            nid = msg.metadata.dst_node_id
+            mid = f"m{nid}"
+            msg.metadata.__dict__["_message_id"] = mid
+            if self.delays[nid] is not None:
+                self.ready_at[mid] = (now + self.delays[nid], Message(RecordDict(), reply_to=msg))
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self.pulls += 1
+        now = time.monotonic()
+        ready = [m for m in message_ids if m in self.ready_at and self.ready_at[m][0] <= now]
+        return [self.ready_at.pop(mid)[1] for mid in ready]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise AssertionError("exchange pulls Flower grids itself")
+
+
+def messages(n: int) -> list[Message]:
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    return [
+        Message(content=RecordDict(), message_type=MessageType.TRAIN, dst_node_id=i)
+        for i in range(n)
+    ]
+
+
+def test_every_reply_is_pulled_soon_after_it_arrives():
+    grid = DelayedGrid([0.0, 0.2, 0.5])
+    started = time.monotonic()
+    replies = exchange(grid, messages(3), timeout=30)
+    waited = time.monotonic() - started
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
+    assert 0.5 <= waited < 0.5 + 0.1  # Flower's HttpGrid would return at 3 s
+    assert grid.pulls <= 0.5 / 0.01 + 2  # never busier than one pull per REPLY_POLL_MIN_S
+
+
+def test_the_timeout_ends_the_wait_with_the_replies_that_came():
+    grid = DelayedGrid([0.05, None])
+    started = time.monotonic()
+    replies = exchange(grid, messages(2), timeout=0.4)
+    waited = time.monotonic() - started
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
+    assert 0.4 <= waited < 0.4 + REPLY_POLL_MAX_S
+
+
+def test_a_grid_that_is_not_flowers_is_asked_with_send_and_receive():
+    class Plain:
+        def send_and_receive(self, msgs, timeout=None):
+            return [Message(RecordDict(), reply_to=m) for m in msgs]
+
+    sent = messages(2)
+    for i, msg in enumerate(sent):
+        msg.metadata.__dict__["_message_id"] = f"m{i}"
+    replies = exchange(Plain(), sent, timeout=1)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m0", "m1"]
