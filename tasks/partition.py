@@ -2,21 +2,32 @@
 
 All index arrays point into the dataset's train arrays (test indices into the
 test arrays). A split is a pure function of (dataset, split config, seed) and is
-cached per process by :func:`get_split`.
+cached per process by :func:`get_split`; a Dirichlet partition (seconds for 100 clients
+through flwr-datasets) is also kept on disk (:func:`split_cache_dir`) for every later
+process: the ServerApp's, the client actors', the next run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
+import logging
+import os
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tasks.config import ConfigError
 from tasks.data import Dataset, dataset_request, load_dataset
+
+log = logging.getLogger(__name__)
 
 # FedMatch's class-imbalanced distribution (reference code): client type j puts
 # 50% of its data on class j, 15% on each neighbour, and the rest spread thin.
@@ -162,12 +173,25 @@ def remaining_class_counts(
 def _dirichlet_partitions(
     pool: ClassPool, labels: np.ndarray, scfg, num_classes: int, seed: int
 ) -> list[np.ndarray]:
-    """Dirichlet(alpha) label skew (flwr-datasets) over num_clients * client_size samples."""
+    """Dirichlet(alpha) label skew (flwr-datasets) over num_clients * client_size samples,
+    read from the on-disk cache when these exact inputs were partitioned before."""
+    total = scfg["num_clients"] * scfg["client_size"]
+    chosen = pool.take(_balanced(total, num_classes), "the dirichlet pool")
+    path = split_cache_dir() / f"dirichlet-{_dirichlet_key(chosen, labels, scfg, seed)}.npz"
+    cached = _read_partitions(path)
+    if cached is not None:
+        return cached
+    parts = _flwr_dirichlet(chosen, labels, scfg, seed)
+    _write_partitions(path, parts)
+    return parts
+
+
+def _flwr_dirichlet(
+    chosen: np.ndarray, labels: np.ndarray, scfg: Mapping[str, Any], seed: int
+) -> list[np.ndarray]:
     import datasets as hf
     from flwr_datasets.partitioner import DirichletPartitioner
 
-    total = scfg["num_clients"] * scfg["client_size"]
-    chosen = pool.take(_balanced(total, num_classes), "the dirichlet pool")
     table = hf.Dataset.from_dict({"idx": chosen.tolist(), "label": labels[chosen].tolist()})
     part = DirichletPartitioner(
         num_partitions=scfg["num_clients"],
@@ -183,6 +207,49 @@ def _dirichlet_partitions(
         np.asarray(part.load_partition(k)["idx"], dtype=np.int64)
         for k in range(scfg["num_clients"])
     ]
+
+
+def split_cache_dir() -> Path:
+    """Where partitions that take seconds to draw are kept: $SSFL_CACHE_DIR, else
+    ~/.cache/ssfl (they are a pure function of their key, so any process may reuse them)."""
+    return Path(os.environ.get("SSFL_CACHE_DIR") or Path.home() / ".cache" / "ssfl")
+
+
+def _dirichlet_key(
+    chosen: np.ndarray, labels: np.ndarray, scfg: Mapping[str, Any], seed: int
+) -> str:
+    """A hash of every input of :func:`_flwr_dirichlet`, and of the libraries that draw it."""
+    digest = hashlib.sha256()
+    for lib in ("flwr-datasets", "datasets", "numpy"):
+        digest.update(f"{lib}=={metadata.version(lib)};".encode())
+    digest.update(f"{scfg['num_clients']};{scfg['dirichlet_alpha']!r};{seed};".encode())
+    digest.update(np.ascontiguousarray(chosen, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(labels[chosen], dtype=np.int64).tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _read_partitions(path: Path) -> list[np.ndarray] | None:
+    """The partitions saved at ``path``; None when absent or unreadable (drawn again)."""
+    try:
+        with np.load(path) as saved:
+            return np.split(saved["indices"], saved["offsets"][1:-1])
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _write_partitions(path: Path, parts: list[np.ndarray]) -> None:
+    """Save atomically (a concurrent reader sees the whole file or none); a cache that
+    cannot be written is skipped with a warning (every process then draws it again)."""
+    offsets = np.cumsum([0, *(len(p) for p in parts)])
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, indices=np.concatenate(parts), offsets=offsets)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        log.warning("split cache not written (%s): each process draws the partition again", err)
 
 
 def _client_indices(

@@ -20,8 +20,7 @@ from tasks.losses import proximal_term
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # glibc mallopt parameters, and the values keep_freed_memory sets.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest: blocks below it come from the heap
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 TRIM_THRESHOLD_BYTES = 1 << 30  # freed heap kept for reuse, up to this much
 
 
@@ -29,12 +28,14 @@ TRIM_THRESHOLD_BYTES = 1 << 30  # freed heap kept for reuse, up to this much
 def keep_freed_memory() -> bool:
     """Let glibc's malloc keep freed tensor buffers for reuse (once per process).
 
-    With its defaults, the megabyte buffers of a training step (activations of a
-    128-image batch) are mapped and unmapped, or trimmed from the heap, as they are
-    freed, and every new one is faulted in and zeroed page by page by the kernel: on
-    the SSFL benchmark's client round ~250,000 page faults and 0.5 s of system time in
-    a 1.2 s round (docs/benchmarks.md). Numbers are unchanged. False where the C
-    library is not glibc (it is then left as it is).
+    With its defaults, the megabyte buffers of a training or evaluation step (the
+    activations of a batch) are mapped and unmapped, or trimmed from the heap, as they
+    are freed, and every new one is faulted in and zeroed page by page by the kernel:
+    on the SSFL benchmark's client round ~250,000 page faults and 0.5 s of system time
+    in a 1.2 s round, a third of a 10,000-image test evaluation (docs/benchmarks.md).
+    Here every buffer comes from the heap (no mmap) and up to TRIM_THRESHOLD_BYTES of
+    freed heap is kept. Numbers are unchanged. False where the C library is not glibc
+    (it is then left as it is).
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -43,9 +44,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
-        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-    )
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 
 def resolve_device(name: str) -> torch.device:

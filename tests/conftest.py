@@ -22,6 +22,19 @@ def real_data_dir() -> Path | None:
     return candidate.resolve() if (candidate / "fashion-mnist").is_dir() else None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def split_cache(tmp_path_factory) -> Path:
+    """Partitions kept on disk go to this session's folder (never the user's cache)."""
+    folder = tmp_path_factory.mktemp("split-cache")
+    before = os.environ.get("SSFL_CACHE_DIR")
+    os.environ["SSFL_CACHE_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        del os.environ["SSFL_CACHE_DIR"]
+    else:
+        os.environ["SSFL_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real data folder; tests that use it check the real files and skip without them."""

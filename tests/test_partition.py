@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from ssfl.experiment import resolve_config, resolve_experiment
+from tasks import partition
 from tasks.config import ConfigError
 from tasks.data import make_synthetic
 from tasks.partition import get_split, make_split, noniid_r, round_counts
@@ -70,6 +71,39 @@ def test_dirichlet_uses_every_pool_sample_once():
     sizes = [len(c) for c in split.clients]
     assert sum(sizes) == 12000 and len(set(sizes)) > 1
     assert len(np.unique(np.concatenate(split.clients))) == 12000
+
+
+def test_a_dirichlet_partition_is_drawn_once_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSFL_CACHE_DIR", str(tmp_path))
+    cfg = split_cfg(partitioner="dirichlet", dirichlet_alpha=0.5, num_clients=7)
+    ds = make_synthetic(28, 20000, 3000)
+    drawn = make_split(ds, cfg["split"], 0)
+    (saved,) = tmp_path.glob("dirichlet-*.npz")
+
+    def no_second_draw(*args):
+        raise AssertionError("drawn again")
+
+    monkeypatch.setattr(partition, "_flwr_dirichlet", no_second_draw)
+    read = make_split(ds, cfg["split"], 0)
+    assert [c.tolist() for c in read.clients] == [c.tolist() for c in drawn.clients]
+    assert read.summary == drawn.summary
+    with pytest.raises(AssertionError, match="drawn again"):  # another alpha: another key
+        make_split(ds, {**cfg["split"], "dirichlet_alpha": 0.6}, 0)
+    with pytest.raises(AssertionError, match="drawn again"):  # another seed: another key
+        make_split(ds, cfg["split"], 1)
+    saved.write_bytes(b"not an npz")  # a damaged file is drawn again, not trusted
+    with pytest.raises(AssertionError, match="drawn again"):
+        make_split(ds, cfg["split"], 0)
+
+
+def test_an_unwritable_cache_warns_and_the_split_still_comes(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SSFL_CACHE_DIR", str(blocker / "cache"))
+    cfg = split_cfg(partitioner="dirichlet", dirichlet_alpha=0.5, num_clients=7)
+    split = make_split(make_synthetic(28, 20000, 3000), cfg["split"], 0)
+    assert sum(len(c) for c in split.clients) == cfg["split"]["client_size"] * 7
+    assert "split cache not written" in caplog.text
 
 
 def small_split(num_clients: int, client_size: int) -> dict:

@@ -78,7 +78,7 @@ def test_bf16_is_honoured():
     assert half["test_loss"] == pytest.approx(plain["test_loss"], rel=0.05)
 
 
-FAULTS_OF_TEN_STEPS = """
+FAULTS_OF_30_STEPS = """
 import resource, sys, torch
 from torch import nn
 sys.path.insert(0, {root!r})
@@ -95,9 +95,10 @@ x = torch.rand(128, 1, 28, 28)  # a step's weak and strong views of 64 images
 def step():
     model.zero_grad(set_to_none=True)
     model(x).logsumexp(1).mean().backward()
-step()  # the first step's buffers are faulted in either way
+for _ in range(3):
+    step()  # the first steps' buffers are faulted in either way
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
+for _ in range(30):
     step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -109,11 +110,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 )
 def test_kept_freed_memory_spares_most_page_faults_of_a_training_step():
     def faults(keep: bool) -> int:
-        code = FAULTS_OF_TEN_STEPS.format(root=str(ROOT), keep=keep)
+        code = FAULTS_OF_30_STEPS.format(root=str(ROOT), keep=keep)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         return int(out.stdout)
 
     default, kept = faults(False), faults(True)
-    assert default > 20_000  # glibc's defaults: 89,088 here (the buffers' pages, again and again)
-    assert kept < default / 5  # 6,272 here
+    assert default > 50_000  # glibc's defaults: 101,080-127,576 here (pages, again and again)
+    assert kept < default / 10  # 0-6,272 here
