@@ -251,8 +251,12 @@ def profiled_rounds(cfg: dict[str, Any]) -> tuple[list[RoundTrace], dict[str, nn
     return traces, profiler.models
 
 
-def replay(passes: list[Pass], models: dict[str, nn.Module]) -> float:
-    """Seconds to redo ``passes`` on random batches: the bare arithmetic."""
+def replay(
+    passes: list[Pass], models: dict[str, nn.Module], ready: Callable[[], Any] = lambda: None
+) -> float:
+    """Seconds to redo ``passes`` on random batches: the bare arithmetic. The models'
+    copies and the batches are made first; ``ready()`` is called just before the clock
+    starts (a barrier, for lanes replayed side by side)."""
     torch.manual_seed(0)
     live: dict[str, nn.Module] = {k: copy.deepcopy(m) for k, m in models.items()}
     # Models without parameters of their own (FedMatch's functional calls with a helper's
@@ -262,19 +266,20 @@ def replay(passes: list[Pass], models: dict[str, nn.Module]) -> float:
         for k, m in live.items()
         if (params := list(m.parameters()))
     }
-    # One random batch per shape, drawn before the clock starts: drawing a block's input
-    # (a feature map, for the SSL halves that run the encoder block by block) costs more
-    # than the block itself.
+    # One random batch per shape, drawn before the clock starts (drawing a block's input,
+    # a feature map for the SSL halves that run the encoder block by block, costs more than
+    # the block itself); each pass gets a copy, as a block may change its input in place.
     batches = {arg[1]: torch.randn(arg[1]) for kind, arg in passes if kind == "fwd"}
     kept: list[torch.Tensor] = []
     last_key = next(iter(optimizers), "")
+    ready()
     start = time.perf_counter()
     for kind, arg in passes:
         if kind == "fwd":
             key, shape, grad = arg
             last_key = key if key in optimizers else last_key
             with torch.set_grad_enabled(grad):
-                out = live[key](batches[shape])
+                out = live[key](batches[shape].clone())
             if grad:
                 kept.append(first_tensor(out).float().mean())
         elif kind == "bwd" and kept:
@@ -294,24 +299,40 @@ def first_tensor(out: Any) -> torch.Tensor:
     return next(first_tensor(v) for v in values)
 
 
-def replay_worker(job: tuple[list[Pass], dict[str, nn.Module]]) -> float:
+def lane_worker(passes: list[Pass], models: dict[str, nn.Module], barrier: Any, out: Any) -> None:
+    """One lane of the clients' replay on one thread; its seconds (or its error) to ``out``."""
     torch.set_num_threads(1)
-    return replay(*job)
+    try:
+        out.put(replay(passes, models, ready=lambda: barrier.wait(timeout=600)))
+    except BaseException as err:
+        barrier.abort()
+        out.put(err)
 
 
 def bare_round(
     trace: RoundTrace, models: dict[str, nn.Module], workers: int, server_threads: int
 ) -> dict[str, float]:
-    """The round's passes replayed: clients over ``workers`` one-thread processes, then
-    the server's passes with ``server_threads`` threads."""
+    """The round's passes replayed: clients over ``workers`` one-thread processes that
+    start their clocks together (the slowest lane's seconds count), then the server's
+    passes with ``server_threads`` threads. Process start, copies of the models and the
+    random batches are left out, as they are of the server's replay."""
     lanes: list[list[Pass]] = [[] for _ in range(max(1, workers))]
     for i, pid in enumerate(sorted(trace.client_passes)):
         lanes[i % len(lanes)].extend(trace.client_passes[pid])
-    start = time.perf_counter()
+    clients = 0.0
     if trace.client_passes:
-        with multiprocessing.get_context("fork").Pool(len(lanes)) as pool:
-            pool.map(replay_worker, [(lane, models) for lane in lanes])
-    clients = time.perf_counter() - start
+        ctx = multiprocessing.get_context("fork")
+        barrier, out = ctx.Barrier(len(lanes)), ctx.Queue()
+        procs = [ctx.Process(target=lane_worker, args=(ln, models, barrier, out)) for ln in lanes]
+        for proc in procs:
+            proc.start()
+        seconds = [out.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+        errors = [s for s in seconds if isinstance(s, BaseException)]
+        if errors:
+            raise RuntimeError(f"a replay lane failed: {errors[0]!r}")
+        clients = max(seconds)
     torch.set_num_threads(server_threads)
     server = replay(trace.server_passes, models)
     torch.set_num_threads(1)
@@ -425,7 +446,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument(
+        "--flower-from",
+        type=Path,
+        default=None,
+        help="take the `ssfl run` part from this earlier report of the same experiment, "
+        "rounds and --set (measure only the in-process and bare parts)",
+    )
     return parser.parse_args()
+
+
+def earlier_flower(path: Path, experiment: str, rounds: int, sets: list[str]) -> dict[str, Any]:
+    """The ``flower`` part of an earlier report, refused unless it profiled the same run."""
+    report = json.loads(path.read_text())
+    same = (report.get("experiment"), report.get("rounds"), report.get("sets"))
+    if same != (experiment, rounds, sets):
+        raise SystemExit(f"round_profile: {path} profiled {same}, not {(experiment, rounds, sets)}")
+    return report["flower"]
 
 
 def main() -> None:
@@ -445,7 +482,10 @@ def main() -> None:
             cores // cfg["simulation"]["num_cpus"],
         ),
     )
-    flower = flower_run(args.experiment, args.rounds, args.sets)
+    if args.flower_from is None:
+        flower = flower_run(args.experiment, args.rounds, args.sets)
+    else:
+        flower = earlier_flower(args.flower_from, args.experiment, args.rounds, args.sets)
     torch.set_num_threads(1)
     traces, models = profiled_rounds(cfg)
     steady_trace = median_trace(traces)

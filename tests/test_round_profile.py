@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -47,6 +48,16 @@ def test_a_profiled_round_attributes_its_wall_time_once_and_records_each_clients
     assert profile.replay(traces[-1].client_passes[0], models) > 0
 
 
+def test_the_replay_survives_a_block_that_changes_its_input_in_place(profile):
+    from torch import nn
+
+    block = nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3, padding=1))
+    models = {"Sequential:148": block}
+    fwd = ("fwd", ("Sequential:148", (2, 4, 8, 8), True))
+    # the SSL halves run the encoder block by block: two blocks of one shape, one backward
+    assert profile.replay([fwd, fwd, ("bwd", None), ("step", 0.1)], models) > 0
+
+
 def test_the_steady_round_is_the_median_after_round_one(profile):
     assert profile.steady([9.0, 2.0, 4.0, 3.0]) == 3.0
     assert profile.steady([5.0]) == 5.0
@@ -83,3 +94,28 @@ def test_the_bare_loop_replays_the_median_steady_round(profile):
     traces = [profile.RoundTrace(wall=w) for w in (9.0, 1.0, 5.0, 1.2, 1.1)]
     assert profile.median_trace(traces).wall == 1.1
     assert profile.median_trace(traces[:1]).wall == 9.0
+
+
+def test_the_clients_replay_counts_the_slowest_lane_and_reports_a_failed_one(profile):
+    from torch import nn
+
+    models = {"Linear:12": nn.Linear(3, 3)}
+    fwd = ("fwd", ("Linear:12", (4, 3), True))
+    trace = profile.RoundTrace()
+    trace.client_passes[0] = [fwd, ("bwd", None), ("step", 0.1)]
+    trace.client_passes[1] = [fwd, ("bwd", None), ("step", 0.1)] * 50
+    trace.server_passes = [("fwd", ("Linear:12", (4, 3), False))]
+    bare = profile.bare_round(trace, models, workers=2, server_threads=1)
+    assert 0 < bare["clients"] < 1.0 and bare["total"] == bare["clients"] + bare["server"]
+    trace.client_passes[1] = [("fwd", ("Missing:0", (4, 3), True))]
+    with pytest.raises(RuntimeError, match="a replay lane failed"):
+        profile.bare_round(trace, models, workers=2, server_threads=1)
+
+
+def test_an_earlier_ssfl_run_part_is_reused_only_for_the_same_run(profile, tmp_path):
+    path = tmp_path / "earlier.json"
+    report = {"experiment": "e.yaml", "rounds": 3, "sets": ["a=1"], "flower": {"wall_s": 5.0}}
+    path.write_text(json.dumps(report))
+    assert profile.earlier_flower(path, "e.yaml", 3, ["a=1"]) == {"wall_s": 5.0}
+    with pytest.raises(SystemExit, match="profiled"):
+        profile.earlier_flower(path, "e.yaml", 4, ["a=1"])
