@@ -12,9 +12,18 @@ against the global centroids from the server (from algo.cluster_from_round /
 algo.ce_from_round). After training, 32 local centroids of 1,024 random local features by
 Sinkhorn-balanced k-means, and per seen class the sum and count of labeled features, go
 back with the model (when gamma != 0).
+
+``algo.objective`` swaps the unsupervised part for a Table 2 baseline: ``nach`` (NACH's
+filtered pairs and adaptive-threshold, distribution-aligned self-training on a strong
+view, beside the supervised loss and -H) and ``semifl`` (SemiFL*: cross-entropy on the
+labeled data and on a strong view of the unlabeled samples the round's global model
+pseudo-labels, seen classes by confidence, unseen ones by clustering its
+out-of-distribution samples).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -22,13 +31,17 @@ from flwr.app import ArrayRecord
 
 from client_app.base import ClientHalf
 from tasks.openworld import (
+    aligned_self_training,
     balanced_kmeans,
     calibration_loss,
     centroid_assignment,
     entropy_of_mean,
+    filtered_pair_indices,
     forward,
+    learning_gap,
     margin_cross_entropy,
     mean_uncertainty,
+    open_world_pseudo_labels,
     pair_indices,
     pairwise_loss,
     predict,
@@ -37,14 +50,38 @@ from tasks.openworld import (
 from tasks.partition import SEEN, class_roles
 from tasks.train import set_lr, step_batches
 
-LOSSES = (
-    "train_loss",
-    "supervised_loss",
-    "pairwise_loss",
-    "suppressed_loss",
-    "ce_loss",
-    "cluster_loss",
-)
+LOSSES = {
+    "orca": (
+        "train_loss",
+        "supervised_loss",
+        "pairwise_loss",
+        "suppressed_loss",
+        "ce_loss",
+        "cluster_loss",
+    ),
+    "nach": (
+        "train_loss",
+        "supervised_loss",
+        "pairwise_loss",
+        "suppressed_loss",
+        "self_training_loss",
+        "mask_rate",
+        "pairs_kept",
+    ),
+    "semifl": ("train_loss", "supervised_loss", "pseudo_loss", "mask_rate"),
+}
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    """What the round's start model fixes for every step: n^c (eq. 6), ORCA's margin,
+    NACH's learning gap, SemiFL*'s pseudo-labels, and the global centroids m."""
+
+    counts: torch.Tensor
+    margin: float
+    gap: float
+    pseudo: torch.Tensor | None
+    centroids: torch.Tensor | None
 
 
 class FedoSSLClient(ClientHalf):
@@ -63,12 +100,39 @@ class FedoSSLClient(ClientHalf):
             return None
         return torch.from_numpy(record["global"].numpy()).to(self.device)
 
-    def start_statistics(self) -> tuple[torch.Tensor, float]:
-        """n^c (argmax counts) and ORCA's u_bar of the start model on the unlabeled data."""
-        _, logits = predict(self.model, self.data.x, self.algo["logit_scale"], 1024)
+    def seen_flags(self) -> torch.Tensor:
+        """One flag per class: seen or not."""
+        flags = torch.zeros(self.data.num_classes, dtype=torch.bool, device=self.device)
+        flags[self.seen_classes()] = True
+        return flags
+
+    def round_start(self) -> RoundStart:
+        """n^c (argmax counts), ORCA's u_bar, NACH's gap and SemiFL*'s pseudo-labels, all
+        from the round's start model on the unlabeled data."""
+        a = self.algo
+        z, logits = predict(self.model, self.data.x, a["logit_scale"], 1024)
         probs = F.softmax(logits, dim=1)
         counts = torch.bincount(probs.argmax(1), minlength=probs.shape[1])
-        return counts, mean_uncertainty(probs)
+        pseudo = None
+        if a["objective"] == "semifl" and self.round < a["pseudo_from_round"]:
+            pseudo = torch.full((len(probs),), -1, dtype=torch.long, device=probs.device)
+        elif a["objective"] == "semifl":
+            pseudo = open_world_pseudo_labels(
+                probs,
+                z,
+                self.seen_classes(),
+                a["pseudo_threshold"],
+                a["ood_threshold"],
+                a["kmeans_iters"],
+                self.generator,
+            )
+        return RoundStart(
+            counts=counts,
+            margin=min(mean_uncertainty(probs), a["max_margin"]),
+            gap=learning_gap(probs, self.seen_flags()),
+            pseudo=pseudo,
+            centroids=self.global_centroids(),
+        )
 
     def batch_sizes(self) -> tuple[int, int]:
         """(labeled, unlabeled) per step: client.batch_size shared by the counts (ORCA)."""
@@ -78,15 +142,22 @@ class FedoSSLClient(ClientHalf):
         return lab, batch - lab
 
     def step_loss(
-        self,
-        xl: torch.Tensor,
-        yl: torch.Tensor,
-        xu: torch.Tensor,
-        counts: torch.Tensor,
-        margin: float,
-        m: torch.Tensor | None,
+        self, xl: torch.Tensor, yl: torch.Tensor, idx: torch.Tensor, start: RoundStart
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eq. 4 on one batch; returns the loss and its terms (LOSSES order)."""
+        """The objective's loss on one batch (``idx``: the unlabeled samples) and its terms
+        in LOSSES order."""
+        xu = self.data.x[idx.to(self.data.x.device)]
+        objective = self.algo["objective"]
+        if objective == "semifl":
+            return self.semifl_loss(xl, yl, xu, start.pseudo[idx.to(start.pseudo.device)])
+        if objective == "nach":
+            return self.nach_loss(xl, yl, xu, start)
+        return self.orca_loss(xl, yl, xu, start)
+
+    def orca_loss(
+        self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, start: RoundStart
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eq. 4 on one batch."""
         a, weak = self.algo, self.augmenters()[0]
         nl, scale = len(xl), a["logit_scale"]
         x = torch.cat([xl, xu])
@@ -94,14 +165,15 @@ class FedoSSLClient(ClientHalf):
         z1, z2 = z.chunk(2)
         l1, l2 = logits.chunk(2)
         p1, p2 = F.softmax(l1, dim=1), F.softmax(l2, dim=1)
-        l_s = margin_cross_entropy(l1[:nl], yl, margin, scale)
+        l_s = margin_cross_entropy(l1[:nl], yl, start.margin, scale)
         pair = pair_indices(z1, yl, nl, self.generator)
         l_u = pairwise_loss(p1, p2, pair)
-        r = suppressed_loss(p1[nl:], counts, a["tau"])
-        beta = -a["beta"] if a["flip_suppressed"] else a["beta"]
-        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1) + beta * r
+        r = suppressed_loss(p1[nl:], start.counts, a["tau"])
+        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1)
+        loss = loss + self.beta() * r
         zero = loss.new_zeros(())
         l_ce, l_cluster = zero, zero
+        m = start.centroids
         if m is not None:
             w_ce = a["ce_weight"] * (self.round >= a["ce_from_round"])
             w_cl = a["cluster_weight"] * (self.round >= a["cluster_from_round"])
@@ -116,24 +188,68 @@ class FedoSSLClient(ClientHalf):
                 loss = loss + a["gamma"] * l_cal
         return loss, [loss, l_s, l_u, r, l_ce, l_cluster]
 
+    def nach_loss(
+        self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, start: RoundStart
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """NACH on one batch: supervised loss (ORCA's margin; 0 in the NACH configs) +
+        alpha x filtered pairwise loss - H(mean p) + beta R_i + the adaptive-threshold,
+        distribution-aligned self-training on a strong view of the unlabeled samples
+        (pseudo-labels from the second weak view)."""
+        a = self.algo
+        weak, strong = self.augmenters()
+        nl, scale = len(xl), a["logit_scale"]
+        x = torch.cat([xl, xu])
+        z, logits = forward(self.model, torch.cat([weak(x), weak(x), strong(xu)]), scale)
+        z1 = z[: len(x)]
+        l1, l2, l_strong = logits[: len(x)], logits[len(x) : 2 * len(x)], logits[2 * len(x) :]
+        p1, p2 = F.softmax(l1, dim=1), F.softmax(l2, dim=1)
+        l_s = margin_cross_entropy(l1[:nl], yl, start.margin, scale)
+        pair, kept = filtered_pair_indices(z1, yl, nl, self.generator)
+        l_u = pairwise_loss(p1, p2, pair)
+        r = suppressed_loss(p1[nl:], start.counts, a["tau"])
+        l_st, mask = aligned_self_training(
+            l_strong, p2[nl:], self.seen_flags(), start.gap, a["pseudo_threshold"]
+        )
+        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1)
+        loss = loss + self.beta() * r + a["self_training_weight"] * l_st
+        rates = [mask.float().mean(), kept.float().mean()]
+        return loss, [loss, l_s, l_u, r, l_st, *rates]
+
+    def semifl_loss(
+        self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, pseudo: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """SemiFL* on one batch: cross-entropy on a weak view of the labeled samples, plus
+        self_training_weight x cross-entropy on a strong view of the pseudo-labeled
+        unlabeled samples (averaged over all unlabeled samples, as FixMatch)."""
+        a = self.algo
+        weak, strong = self.augmenters()
+        _, logits = forward(self.model, torch.cat([weak(xl), strong(xu)]), a["logit_scale"])
+        l_s = F.cross_entropy(logits[: len(xl)], yl)
+        mask = pseudo >= 0
+        ce = F.cross_entropy(logits[len(xl) :], pseudo.clamp_min(0), reduction="none")
+        l_p = (ce * mask).mean()
+        loss = l_s + a["self_training_weight"] * l_p
+        return loss, [loss, l_s, l_p, mask.float().mean()]
+
+    def beta(self) -> float:
+        """R_i's weight with its sign (algo.flip_suppressed: R_i maximised)."""
+        return -self.algo["beta"] if self.algo["flip_suppressed"] else self.algo["beta"]
+
     def train(self) -> dict[str, float]:
         d, ccfg = self.data, self.cfg["client"]
-        counts, u_bar = self.start_statistics()
-        margin = min(u_bar, self.algo["max_margin"])
-        m = self.global_centroids()
+        start = self.round_start()
+        names = LOSSES[self.algo["objective"]]
         opt = self.optimizer()
         lab, unl = self.batch_sizes()
         round_steps = self.round_steps(len(d.x))
-        totals = torch.zeros(len(LOSSES))
+        totals = torch.zeros(len(names))
         steps = 0
         self.model.train()
         batches = step_batches(len(d.x), unl, self.generator, ccfg["epochs"], ccfg["local_steps"])
         for idx in batches:
             lidx = torch.randperm(len(d.labeled_x), generator=self.generator)[:lab]
             lidx = lidx.to(d.labeled_x.device)
-            loss, terms = self.step_loss(
-                d.labeled_x[lidx], d.labeled_y[lidx], d.x[idx.to(d.x.device)], counts, margin, m
-            )
+            loss, terms = self.step_loss(d.labeled_x[lidx], d.labeled_y[lidx], idx, start)
             set_lr(opt, self.lr_at(steps, round_steps))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -141,7 +257,7 @@ class FedoSSLClient(ClientHalf):
             totals += torch.stack([t.detach().float() for t in terms]).cpu()
             steps += 1
         mean = (totals / max(steps, 1)).tolist()
-        return {**dict(zip(LOSSES, mean)), "margin": margin, "local_steps": steps}
+        return {**dict(zip(names, mean)), "margin": start.margin, "local_steps": steps}
 
     def local_centroids(self) -> dict[str, torch.Tensor]:
         """Fig. 1 step 1: L centroids of algo.centroid_samples random local features

@@ -12,7 +12,9 @@ The baselines of Table 2 are configs of this code (experiments/fmnist-open/): Fe
 FedAvg + ORCA (beta = gamma = 0: no centroids travel), Fed-RO = FedRep + ORCA
 (``algo.personal: head``: the classifier stays on each client), Local-O (``personal:
 all``: no federation, the clients' own models evaluated and averaged), Cen-O (one client
-holding every role-client's data), and the ablations of Tables 3-4.
+holding every role-client's data), the same four with NACH's objective (``algo.objective:
+nach``: Fed-AN, Fed-RN, Local-N, Cen-N), SemiFL* (``algo.objective: semifl``), and the
+ablations of Tables 3-4.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from tasks.partition import class_roles
 from tasks.train import derive_seed
 
 PERSONAL = ("none", "head", "all")
+OBJECTIVES = ("orca", "nach", "semifl")
 METRICS = ("acc_all", "acc_seen", "acc_unseen", "acc_lu", "acc_gu")
 
 
@@ -298,6 +301,16 @@ class FedoSSL(ServerHalf):
                 "server_cluster_lr": 0.01,  # code: lr 0.01, momentum 0.9
                 "weighted_average": True,  # section 3.1: n_i / n weights (code: uniform)
                 "personal": "none",  # head: FedRep (Fed-RO); all: Local-O
+                # Table 2 baselines: orca (ORCA, FedoSSL), nach (NACH), semifl (SemiFL*)
+                "objective": "orca",
+                "pseudo_threshold": 0.95,  # NACH: seen threshold; SemiFL: fixed threshold
+                "ood_threshold": 0.5,  # SemiFL* (ours): OOD when no seen class reaches it
+                # SemiFL* (ours): pseudo-labels from this round on; SemiFL's server trains on
+                # the labels before clients pseudo-label, here round 1 trains on them alone
+                "pseudo_from_round": 2,
+                "self_training_weight": 1.0,  # NACH / SemiFL*: weight of the strong-view CE
+                "randaugment_n": 2,  # NACH / SemiFL*: the strong view, RandAugment (n, m)
+                "randaugment_m": 10.0,
             },
         }
 
@@ -329,6 +342,12 @@ class FedoSSL(ServerHalf):
             "algo.sinkhorn_sharpness": POSITIVE,
             "algo.server_cluster_steps": between(0, MAX_STEPS),
             "algo.server_cluster_lr": POSITIVE,
+            "algo.pseudo_threshold": UNIT,
+            "algo.ood_threshold": UNIT,
+            "algo.pseudo_from_round": between(1, MAX_ROUNDS),
+            "algo.self_training_weight": NON_NEGATIVE,
+            "algo.randaugment_n": between(0, 16),
+            "algo.randaugment_m": between(0, 10),
         }
 
     @classmethod
@@ -351,6 +370,17 @@ class FedoSSL(ServerHalf):
         classes = dataset_info(cfg["dataset"]["name"]).num_classes
         if "S" not in class_roles(split["class_roles"], classes):
             raise ConfigError("config key 'split.class_roles': needs at least one seen class (S)")
+        if algo["objective"] not in OBJECTIVES:
+            raise ConfigError(f"config key 'algo.objective': one of {', '.join(OBJECTIVES)}")
+        if algo["objective"] == "semifl" and (algo["beta"] or algo["gamma"]):
+            raise ConfigError(
+                "config key 'algo.objective': semifl uses neither R_i nor L_cal; "
+                "set algo.beta and algo.gamma to 0"
+            )
+        if algo["ood_threshold"] > algo["pseudo_threshold"]:
+            raise ConfigError(
+                "config key 'algo.ood_threshold': must be at most algo.pseudo_threshold"
+            )
         if algo["personal"] not in PERSONAL:
             raise ConfigError(f"config key 'algo.personal': one of {', '.join(PERSONAL)}")
         for key in ("alpha", "beta", "gamma", "ce_weight", "cluster_weight", "entropy_weight"):

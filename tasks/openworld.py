@@ -4,7 +4,10 @@ Equations are those of the FedoSSL paper (../shared/papers/fedossl.txt): the ORC
 supervised loss (eq. 2 with ORCA's uncertainty-adaptive margin), the pairwise objective
 (eq. 3), the uncertainty-aware suppressed loss R_i (eq. 5-6), the calibration loss
 L_cal = L_ce + L_cluster (eq. 7-9), Sinkhorn-Knopp clustering of local and global
-centroids (Fig. 1 steps 1 and 4) and the Hungarian-matched accuracies of section 5.
+centroids (Fig. 1 steps 1 and 4) and the Hungarian-matched accuracies of section 5; and
+the parts of two Table 2 baselines: NACH's filtered pairs and adaptive-threshold
+self-training (Fed-AN, Fed-RN, Local-N, Cen-N) and SemiFL's pseudo-labels extended to
+unseen classes (SemiFL*).
 Open choices follow the official code, GitHub cugzj/FedoSSL (fedossl_cifar.py,
 models/resnet_s.py), as ../shared/notes/fedossl-fedsup.md records them.
 """
@@ -225,6 +228,128 @@ def calibration_loss(
     l_ce = calibration_ce(logits, q, threshold)
     l_cluster = cluster_loss(q, q_other_view, pair)
     return ce_weight * l_ce + cluster_weight * l_cluster, l_ce, l_cluster
+
+
+# ----- NACH (Guo et al., NeurIPS 2022), the Fed-AN / Fed-RN baselines --------------------
+# NACH has no official code; open choices follow the third-party version the note names,
+# GitHub pitlover/OpenWorldSSL (model/nach.py, model/others/loss.py, wrapper/NACHWrapper.py).
+def filtered_pair_indices(
+    features: Tensor, labels: Tensor, num_labeled: int, generator=None
+) -> tuple[Tensor, Tensor]:
+    """NACH's filtered pairs: as :func:`pair_indices`, except that an unlabeled sample keeps
+    its nearest neighbour j only when it is at least as close to j (cosine) as j's second
+    closest labeled sample is; otherwise its partner is itself (its own second view).
+    Returns (pair, kept) with ``kept`` one flag per unlabeled sample."""
+    pair = pair_indices(features, labels, num_labeled, generator)
+    unlabeled = torch.arange(num_labeled, len(features), device=pair.device)
+    kept = torch.ones(len(unlabeled), dtype=torch.bool, device=pair.device)
+    if num_labeled == 0 or len(unlabeled) == 0:
+        return pair, kept
+    f = F.normalize(features.detach(), dim=1)
+    neighbour = pair[num_labeled:]
+    own = (f[unlabeled] * f[neighbour]).sum(dim=1)
+    to_labeled = f[:num_labeled] @ f[neighbour].T
+    k = min(2, num_labeled)
+    bar = to_labeled.topk(k, dim=0).values[k - 1]
+    kept = own >= bar
+    pair[num_labeled:] = torch.where(kept, neighbour, unlabeled)
+    return pair, kept
+
+
+def learning_gap(probs: Tensor, seen: Tensor) -> float:
+    """NACH's gap between the learning of seen and unseen classes: the mean max-softmax of
+    the samples predicted as a seen class minus that of the samples predicted as an unseen
+    class (0 for a side no sample falls on). ``seen``: one flag per class."""
+    conf, cls = probs.max(dim=1)
+    on_seen = seen[cls]
+    seen_conf = conf[on_seen].mean() if on_seen.any() else conf.new_zeros(())
+    unseen_conf = conf[~on_seen].mean() if (~on_seen).any() else conf.new_zeros(())
+    return float(seen_conf - unseen_conf)
+
+
+def nach_thresholds(targets: Tensor, seen: Tensor, gap: float, threshold: float) -> Tensor:
+    """NACH's adaptive thresholds per pseudo-label: ``threshold`` for a seen class,
+    threshold - min(2 gap, 0.5) for an unseen one (easier while unseen classes lag)."""
+    unseen = threshold - min(2.0 * gap, 0.5)
+    return torch.where(seen[targets], threshold, unseen)
+
+
+def aligned_self_training(
+    logits_strong: Tensor, probs_weak: Tensor, seen: Tensor, gap: float, threshold: float
+) -> tuple[Tensor, Tensor]:
+    """NACH's self-training: CE(strong logits + log(p_bar / uniform), argmax of the weak
+    view) on the samples whose confidence reaches their class's threshold
+    (:func:`nach_thresholds`), averaged over all samples as FixMatch; p_bar is the mean
+    weak prediction of the kept samples (the distribution alignment of the third-party
+    code). Returns (loss, kept mask)."""
+    probs = probs_weak.detach()
+    conf, targets = probs.max(dim=1)
+    kept = conf >= nach_thresholds(targets, seen, gap, threshold)
+    if not kept.any():
+        return logits_strong.sum() * 0.0, kept
+    p_bar = probs[kept].sum(dim=0) / probs[kept].sum()
+    align = torch.log(p_bar.clamp_min(EPS) * probs.shape[1])
+    ce = F.cross_entropy(logits_strong + align, targets, reduction="none")
+    return (ce * kept).mean(), kept
+
+
+# ----- SemiFL extended to the open world (FedoSSL section 5, Table 2's SemiFL*) -----------
+def spherical_kmeans(x: Tensor, k: int, iters: int = 10, generator=None) -> Tensor:
+    """Hard cluster index of every row of ``x`` by spherical k-means (cosine), ``k``
+    centroids started at random rows."""
+    x = F.normalize(x, dim=1)
+    start = torch.randperm(len(x), generator=generator)[:k].to(x.device)
+    centroids = x[start]
+    for _ in range(iters):
+        member = (x @ centroids.T).argmax(dim=1)
+        sums = torch.zeros_like(centroids).index_add_(0, member, x)
+        empty = sums.norm(dim=1) == 0
+        centroids = torch.where(empty[:, None], centroids, F.normalize(sums, dim=1))
+    return (x @ centroids.T).argmax(dim=1)
+
+
+def clusters_to_classes(clusters: Tensor, probs: Tensor, classes: Sequence[int]) -> Tensor:
+    """The class of each cluster: clusters matched one-to-one to ``classes`` by the
+    Hungarian algorithm on the probability mass the model gives each class over the
+    cluster's members (ours). Returns one class per sample."""
+    k = int(clusters.max()) + 1
+    mass = torch.zeros(k, len(classes), dtype=probs.dtype, device=probs.device)
+    mass.index_add_(0, clusters, probs[:, list(classes)])
+    rows, cols = linear_sum_assignment(-mass.cpu().numpy())
+    table = torch.full((k,), -1, dtype=torch.long)
+    table[torch.as_tensor(rows)] = torch.as_tensor(np.asarray(classes)[cols], dtype=torch.long)
+    return table.to(clusters.device)[clusters]
+
+
+def open_world_pseudo_labels(
+    probs: Tensor,
+    features: Tensor,
+    seen: Sequence[int],
+    threshold: float,
+    ood_threshold: float,
+    iters: int = 10,
+    generator=None,
+) -> Tensor:
+    """SemiFL* pseudo-labels of unlabeled samples from the round's global model (-1: not
+    used): a seen class when its softmax reaches ``threshold`` (SemiFL's fixed-threshold
+    pseudo-labels); out of distribution when no seen class reaches ``ood_threshold``
+    (the paper: OOD by softmax confidence), those clustered by spherical k-means into as
+    many clusters as there are unseen classes and each cluster given an unseen class by
+    :func:`clusters_to_classes`."""
+    classes = probs.shape[1]
+    unseen = [c for c in range(classes) if c not in set(seen)]
+    labels = torch.full((len(probs),), -1, dtype=torch.long, device=probs.device)
+    conf, cls = probs.max(dim=1)
+    seen_mask = torch.zeros(classes, dtype=torch.bool, device=probs.device)
+    seen_mask[list(seen)] = True
+    confident = (conf >= threshold) & seen_mask[cls]
+    labels[confident] = cls[confident]
+    ood = probs[:, list(seen)].max(dim=1).values < ood_threshold
+    if unseen and ood.any():
+        k = min(len(unseen), int(ood.sum()))
+        clusters = spherical_kmeans(features[ood], k, iters, generator)
+        labels[ood] = clusters_to_classes(clusters, probs[ood], unseen)
+    return labels
 
 
 # ----- Metrics -------------------------------------------------------------------------

@@ -104,9 +104,33 @@ def test_local_only_evaluates_the_mean_over_the_clients_own_models():
     assert rows[0]["acc_all"] == pytest.approx(np.mean([e["acc_all"] for e in each]))
 
 
+NACH = {"beta": 0.0, "gamma": 0.0, "objective": "nach", "max_margin": 0.0}
+SEMIFL = {"beta": 0.0, "gamma": 0.0, "objective": "semifl"}
+
+
+def test_nach_rounds_report_self_training_and_filtered_pairs_without_centroids():
+    rows, _ = run(algo=NACH)
+    for row in rows:
+        assert 0.0 <= row["mask_rate"] <= 1.0 and 0.0 < row["pairs_kept"] <= 1.0
+        assert row["self_training_loss"] >= 0.0 and "ce_loss" not in row
+        assert "local_centroids" not in row
+    orca, _ = run(algo={k: v for k, v in NACH.items() if k != "objective"})
+    assert [r["test_loss"] for r in rows] != [r["test_loss"] for r in orca]
+
+
+def test_semifl_pseudo_labels_from_its_second_round():
+    rows, _ = run(algo=SEMIFL)
+    assert rows[0]["mask_rate"] == 0.0 and rows[0]["pseudo_loss"] == 0.0  # labels alone
+    assert rows[1]["mask_rate"] > 0.0 and rows[1]["pseudo_loss"] > 0.0
+    assert "pairwise_loss" not in rows[1]
+
+
 @pytest.mark.parametrize(
     "changes, key",
     [
+        ({"algo": {"objective": "fixmatch"}}, "algo.objective"),
+        ({"algo": {"objective": "semifl", "beta": 0.0}}, "algo.objective"),
+        ({"algo": {"ood_threshold": 0.99}}, "algo.ood_threshold"),
         ({"algo": {"global_centroids": 11}}, "algo.global_centroids"),
         ({"algo": {"personal": "some"}}, "algo.personal"),
         ({"algo": {"tau": 0.0}}, "algo.tau"),
@@ -136,7 +160,7 @@ def test_a_split_leaving_a_client_no_unseen_class_exits_2_with_one_line(tmp_path
     assert len(proc.stderr.strip().splitlines()) == 1 and "no unseen class" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["fedossl", "fedossl_50clients", "fed_ao"])
+@pytest.mark.parametrize("name", ["fedossl", "fedossl_50clients", "fed_ao", "fed_an", "semifl"])
 def test_the_cifar10_paper_scale_configs_resolve(name):
     cfg = resolve_experiment(ROOT / "experiments" / "cifar10-open" / f"{name}.yaml")
     assert cfg["model"]["name"] == "resnet18" and cfg["rounds"] == 50
@@ -152,12 +176,20 @@ def test_the_fmnist_cells_share_their_data_and_differ_only_in_the_method_switche
     assert cells["fed_ao"]["algo"]["gamma"] == 0.0 and cells["fed_ro"]["algo"]["personal"] == "head"
     assert cells["cen_o"]["split"]["num_clients"] == 1
     assert cells["cen_o"]["split"]["role_clients"] == 10
+    nach = ("fed_an", "fed_rn", "local_n", "cen_n")
+    assert all(cells[n]["algo"]["objective"] == "nach" for n in nach)
+    assert [cells[n]["algo"]["personal"] for n in nach] == ["none", "head", "all", "none"]
+    assert cells["cen_n"]["split"]["num_clients"] == 1
+    assert cells["semifl"]["algo"]["objective"] == "semifl"
+    for name, cell in cells.items():
+        assert cell["split"] == cells["cen_o" if name.startswith("cen") else "fedossl"]["split"]
 
 
 def test_table2_lists_every_fmnist_cell_beside_the_papers_numbers(tmp_path):
     text = reproduce("fedossl-table2", tmp_path, None, [], run=False, dataset="fmnist")
     assert "| FedoSSL | not run | 0.7626 |" in text  # All, best round
     assert "| Fed-AO | not run | 0.4203 |" in text  # GU, best round
+    assert "| Fed-AN | not run | 0.6658 |" in text and "| SemiFL* | not run | 0.6491 |" in text
     assert text.count("### FedoSSL Table 2") == 10  # 5 accuracies x (best, final round)
     for name in FEDOSSL_ROWS.values():
         assert (ROOT / "experiments" / "fmnist-open" / name).is_file()

@@ -12,18 +12,25 @@ import torch
 from tasks.config import ConfigError
 from tasks.data import make_synthetic
 from tasks.openworld import (
+    aligned_self_training,
     balanced_kmeans,
     calibration_loss,
     claim_seen_rows,
     cluster_global_centroids,
+    clusters_to_classes,
     cosine_logits,
     entropy_of_mean,
+    filtered_pair_indices,
+    learning_gap,
     margin_cross_entropy,
     matched_accuracy,
+    nach_thresholds,
     open_world_accuracy,
+    open_world_pseudo_labels,
     pair_indices,
     pairwise_loss,
     sinkhorn,
+    spherical_kmeans,
     suppressed_loss,
 )
 from tasks.partition import class_roles, make_split
@@ -203,3 +210,74 @@ def test_calibration_loss_is_ce_on_confident_assignments_plus_cluster_cross_entr
     no_ce, _, _ = calibration_loss(logits, q, q2, pair, threshold=0.95, ce_weight=0.0)
     assert total.item() == pytest.approx(l_ce.item() + l_cluster.item(), rel=1e-6)
     assert no_ce.item() == pytest.approx(l_cluster.item(), rel=1e-6)
+
+
+# ----- NACH (Fed-AN / Fed-RN) and SemiFL* ------------------------------------------------
+def test_nach_keeps_a_pair_only_when_closer_than_the_neighbours_labeled_samples():
+    """Two labeled (class 0) samples, two unlabeled ones close to each other, and one whose
+    nearest sample is labeled but farther from it than that sample's labeled neighbour."""
+    feats = torch.tensor([[1.0, 0.0], [1.0, 0.05], [0.0, 1.0], [0.05, 1.0], [1.0, 0.2]])
+    pair, kept = filtered_pair_indices(feats, torch.tensor([0, 0]), 2)
+    assert pair.tolist() == [1, 0, 3, 2, 4]  # the last one is paired with itself
+    assert kept.tolist() == [True, True, False]
+    pair0, kept0 = filtered_pair_indices(feats, torch.tensor([], dtype=torch.long), 0)
+    assert pair0.tolist() == [1, 0, 3, 2, 1] and bool(kept0.all())
+
+
+def test_learning_gap_is_seen_minus_unseen_mean_confidence():
+    seen = torch.tensor([True, False])
+    probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.4, 0.6]])
+    assert learning_gap(probs, seen) == pytest.approx(0.8 - 0.6)
+    assert learning_gap(probs[:2], seen) == pytest.approx(0.8)  # nothing on an unseen class
+
+
+def test_nach_thresholds_lower_the_unseen_ones_by_twice_the_gap_capped_at_half():
+    seen, targets = torch.tensor([True, False]), torch.tensor([0, 1])
+    assert nach_thresholds(targets, seen, 0.1, 0.95).tolist() == pytest.approx([0.95, 0.75])
+    assert nach_thresholds(targets, seen, 0.4, 0.95).tolist() == pytest.approx([0.95, 0.45])
+
+
+def test_aligned_self_training_is_logit_adjusted_ce_on_the_kept_samples():
+    seen = torch.tensor([True, False])
+    weak = torch.tensor([[0.97, 0.03], [0.9, 0.1], [0.4, 0.6]])  # kept, below 0.95, kept
+    logits = torch.zeros(3, 2, requires_grad=True)
+    loss, kept = aligned_self_training(logits, weak, seen, 0.3, 0.95)  # unseen at 0.35
+    assert kept.tolist() == [True, False, True]
+    # p_bar = (0.685, 0.315); softmax(0 + log(2 p_bar)) = p_bar
+    assert float(loss.detach()) == pytest.approx(-(math.log(0.685) + math.log(0.315)) / 3, rel=1e-5)
+    loss.backward()
+    assert logits.grad[1].abs().sum() == 0 and logits.grad[0].abs().sum() > 0
+    none, kept_none = aligned_self_training(logits, weak * 0 + 0.5, seen, 0.0, 0.95)
+    assert float(none.detach()) == 0.0 and not kept_none.any()
+
+
+def test_spherical_kmeans_separates_two_directions():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]).view(2, 1, 2)
+    x = (x + 0.05 * torch.randn(2, 10, 2, generator=gen)).view(20, 2)
+    labels = spherical_kmeans(x, 2, 10, gen)
+    assert len(set(labels[:10].tolist())) == 1 and len(set(labels[10:].tolist())) == 1
+    assert labels[0] != labels[10]
+
+
+def test_clusters_take_the_unseen_class_their_members_lean_to_one_to_one():
+    probs = torch.tensor(
+        [[0.1, 0.1, 0.2, 0.6], [0.1, 0.1, 0.3, 0.5], [0.1, 0.1, 0.5, 0.3], [0.1, 0.1, 0.6, 0.2]]
+    )
+    labels = clusters_to_classes(torch.tensor([0, 0, 1, 1]), probs, [2, 3])
+    assert labels.tolist() == [3, 3, 2, 2]
+
+
+def test_semifl_pseudo_labels_seen_by_confidence_and_clustered_ood_as_unseen():
+    probs = torch.tensor(
+        [
+            [0.97, 0.01, 0.01, 0.01],  # confident seen -> 0
+            [0.60, 0.30, 0.05, 0.05],  # neither confident nor OOD -> unused
+            [0.10, 0.10, 0.70, 0.10],  # OOD, leans to 2
+            [0.10, 0.10, 0.10, 0.70],  # OOD, leans to 3
+        ]
+    )
+    feats = torch.tensor([[1.0, 1.0], [1.0, -1.0], [1.0, 0.0], [0.0, 1.0]])
+    gen = torch.Generator().manual_seed(0)
+    labels = open_world_pseudo_labels(probs, feats, [0, 1], 0.95, 0.5, 10, gen)
+    assert labels.tolist() == [0, -1, 2, 3]
