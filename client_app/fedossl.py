@@ -75,13 +75,15 @@ LOSSES = {
 @dataclass(frozen=True)
 class RoundStart:
     """What the round's start model fixes for every step: n^c (eq. 6), ORCA's margin,
-    NACH's learning gap, SemiFL*'s pseudo-labels, and the global centroids m."""
+    NACH's learning gap, SemiFL*'s pseudo-labels, the global centroids m, and which
+    classes are seen (one flag per class)."""
 
     counts: torch.Tensor
     margin: float
     gap: float
     pseudo: torch.Tensor | None
     centroids: torch.Tensor | None
+    seen: torch.Tensor
 
 
 class FedoSSLClient(ClientHalf):
@@ -110,6 +112,7 @@ class FedoSSLClient(ClientHalf):
         """n^c (argmax counts), ORCA's u_bar, NACH's gap and SemiFL*'s pseudo-labels, all
         from the round's start model on the unlabeled data."""
         a = self.algo
+        seen = self.seen_flags()
         z, logits = predict(self.model, self.data.x, a["logit_scale"], 1024)
         probs = F.softmax(logits, dim=1)
         counts = torch.bincount(probs.argmax(1), minlength=probs.shape[1])
@@ -129,9 +132,10 @@ class FedoSSLClient(ClientHalf):
         return RoundStart(
             counts=counts,
             margin=min(mean_uncertainty(probs), a["max_margin"]),
-            gap=learning_gap(probs, self.seen_flags()),
+            gap=learning_gap(probs, seen),
             pseudo=pseudo,
             centroids=self.global_centroids(),
+            seen=seen,
         )
 
     def batch_sizes(self) -> tuple[int, int]:
@@ -208,7 +212,7 @@ class FedoSSLClient(ClientHalf):
         l_u = pairwise_loss(p1, p2, pair)
         r = suppressed_loss(p1[nl:], start.counts, a["tau"])
         l_st, mask = aligned_self_training(
-            l_strong, p2[nl:], self.seen_flags(), start.gap, a["pseudo_threshold"]
+            l_strong, p2[nl:], start.seen, start.gap, a["pseudo_threshold"]
         )
         loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1)
         loss = loss + self.beta() * r + a["self_training_weight"] * l_st

@@ -295,7 +295,7 @@ class FedoSSL(ServerHalf):
                 "local_centroids": 32,  # Fig. 1 step 1: L = 32 for 10 classes
                 "global_centroids": 0,  # 0 = the class count (10 for CIFAR-10)
                 "centroid_samples": 1024,  # code: a 1,024-feature memory
-                "kmeans_iters": 5,  # code: models/resnet_s.py, 5 iterations
+                "kmeans_iters": 5,  # code: models/resnet_s.py, 5 iterations (SemiFL*'s too)
                 "sinkhorn_sharpness": 25.0,  # code: lambda 25
                 "server_cluster_steps": 500,  # code: 500 SGD steps on m
                 "server_cluster_lr": 0.01,  # code: lr 0.01, momentum 0.9

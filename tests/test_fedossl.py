@@ -14,7 +14,7 @@ import yaml
 from flwr.app import MetricRecord, RecordDict
 
 from ssfl.experiment import resolve_config, resolve_experiment
-from ssfl.reproduce import FEDOSSL_ROWS, reproduce
+from ssfl.reproduce import FEDOSSL_ROWS, TABLES, cell_dir, reproduce
 from strategies.parts import Update, numpy_state, to_record
 from tasks.config import ConfigError, deep_merge
 from tasks.models import classifier_keys
@@ -193,6 +193,10 @@ def test_table2_lists_every_fmnist_cell_beside_the_papers_numbers(tmp_path):
     assert text.count("### FedoSSL Table 2") == 10  # 5 accuracies x (best, final round)
     for name in FEDOSSL_ROWS.values():
         assert (ROOT / "experiments" / "fmnist-open" / name).is_file()
+    table = TABLES["fedossl-table2"]
+    for row in table.rows:  # one folder per cell, right under --out ('w/o', 'SemiFL*')
+        folder = cell_dir(tmp_path, row, "Table 2")
+        assert folder.parent == tmp_path and "*" not in folder.name
 
 
 @pytest.mark.parametrize("weighted, expected", [(True, 0.75), (False, 0.5)])
