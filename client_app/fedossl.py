@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 
 from client_app.base import ClientHalf
+from tasks.models import freeze_before_last_block
 from tasks.openworld import (
     aligned_self_training,
     balanced_kmeans,
@@ -90,6 +91,14 @@ class FedoSSLClient(ClientHalf):
     """Eq. 4 on the client's labeled seen and unlabeled data; local centroids back."""
 
     honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name"}
+
+    def build_model(self) -> torch.nn.Module:
+        """The model; with algo.trainable last_block, all before its last block frozen
+        (section 5's second stage)."""
+        model = super().build_model()
+        if self.algo["trainable"] == "last_block":
+            freeze_before_last_block(model)
+        return model
 
     def seen_classes(self) -> list[int]:
         roles = class_roles(self.cfg["split"]["class_roles"], self.data.num_classes)

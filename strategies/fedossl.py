@@ -19,6 +19,8 @@ ablations of Tables 3-4.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -38,9 +40,12 @@ from strategies.parts import (
     to_record,
 )
 from tasks.aggregate import weighted_average
+from tasks.augment import StrongAugment
 from tasks.config import (
     DEFAULTS,
+    MAX_BATCH,
     MAX_CLIENTS,
+    MAX_EPOCHS,
     MAX_IMAGES,
     MAX_ROUNDS,
     MAX_STEPS,
@@ -53,7 +58,7 @@ from tasks.config import (
     between,
 )
 from tasks.data import dataset_info
-from tasks.models import classifier_keys, head_of, model_for
+from tasks.models import TRAINABLE, classifier_keys, head_of, model_for
 from tasks.openworld import (
     claim_seen_rows,
     cluster_global_centroids,
@@ -61,7 +66,10 @@ from tasks.openworld import (
     predict,
 )
 from tasks.partition import class_roles
-from tasks.train import derive_seed
+from tasks.pretrain import cached_pretrain, settings_from, settings_key, simclr_pretrain
+from tasks.train import derive_seed, seeded, to_float
+
+log = logging.getLogger(__name__)
 
 PERSONAL = ("none", "head", "all")
 OBJECTIVES = ("orca", "nach", "semifl")
@@ -127,6 +135,71 @@ class GlobalCentroids:
 def roles_of(cfg: dict[str, Any], num_classes: int) -> str:
     """The role letter of every class (tasks.partition.class_roles)."""
     return class_roles(cfg["split"]["class_roles"], num_classes)
+
+
+class SimCLRStart(NoTrainer):
+    """Section 5's SimCLR-pretrained start (algo.pretrain_epochs > 0): before round 1 the
+    server's model is pretrained (tasks/pretrain.py) on every image the clients hold,
+    labeled or not, as the official code's checkpoint is trained on the training set
+    without labels; round 1's row records the stage (``pretrain_*``)."""
+
+    def __init__(self, server: ServerSide):
+        self.server = server
+        self.settings = settings_from(server.cfg["algo"])
+        self.record: Metrics = {}
+
+    def key(self) -> dict[str, Any]:
+        """Every input of the stage (tasks.pretrain.cached_pretrain keeps its result)."""
+        cfg, algo = self.server.cfg, self.server.cfg["algo"]
+        return {
+            "dataset": cfg["dataset"],
+            "split": cfg["split"],
+            "seed": cfg["seed"],
+            "model": cfg["model"],
+            "simclr": settings_key(self.settings),
+            "views": [algo["randaugment_n"], algo["randaugment_m"], cfg["augment"]["weak_shift"]],
+            "device": self.server.device.type,
+        }
+
+    def bootstrap(self) -> None:
+        s, cfg = self.server, self.server.cfg
+        algo, ds, settings = cfg["algo"], s.dataset, self.settings
+        pool = np.unique(np.concatenate([*s.split.clients, *s.split.client_labeled]))
+        images = to_float(ds.train_x[pool], s.device)
+        augment = StrongAugment(
+            ds.image_size,
+            ds.flip,
+            ds.channels,
+            algo["randaugment_n"],
+            algo["randaugment_m"],
+            cfg["augment"]["weak_shift"],
+        ).to(s.device)
+        started = time.perf_counter()
+        with seeded(derive_seed(cfg["seed"], "pretrain")) as generator:
+            losses, cached = cached_pretrain(
+                s.model,
+                self.key(),
+                lambda: simclr_pretrain(s.model, images, augment, settings, generator),
+            )
+        self.record = {
+            "pretrain_loss": losses[-1],
+            "pretrain_first_loss": losses[0],
+            "pretrain_epochs": len(losses),
+            "pretrain_images": len(pool),
+            "pretrain_seconds": time.perf_counter() - started,
+            "pretrain_cached": int(cached),
+        }
+        log.info(
+            "SimCLR start: %d epochs on %d images, NT-Xent %.4f -> %.4f%s",
+            len(losses),
+            len(pool),
+            losses[0],
+            losses[-1],
+            " (from the cache)" if cached else "",
+        )
+
+    def train(self, server_round: int) -> Metrics:
+        return self.record if server_round == 1 else {}
 
 
 class OpenWorldAverage:
@@ -311,6 +384,15 @@ class FedoSSL(ServerHalf):
                 "self_training_weight": 1.0,  # NACH / SemiFL*: weight of the strong-view CE
                 "randaugment_n": 2,  # NACH / SemiFL*: the strong view, RandAugment (n, m)
                 "randaugment_m": 10.0,
+                # Section 5: every method starts from a SimCLR-pretrained model; epochs of
+                # SimCLR on the clients' pooled images before round 1 (0: from scratch)
+                "pretrain_epochs": 0,
+                "pretrain_batch_size": 512,  # ours (the official checkpoint's not given)
+                "pretrain_lr": 0.1,  # ours: SGD, cosine-decayed over the stage
+                "pretrain_temperature": 0.5,  # SimCLR's tau (FedSup section 5.1.1: 0.5)
+                "pretrain_projector_dim": 128,  # ours: the projector thrown away after
+                # Section 5 (as ORCA): last_block = only the last block and the head train
+                "trainable": "all",
             },
         }
 
@@ -348,6 +430,11 @@ class FedoSSL(ServerHalf):
             "algo.self_training_weight": NON_NEGATIVE,
             "algo.randaugment_n": between(0, 16),
             "algo.randaugment_m": between(0, 10),
+            "algo.pretrain_epochs": between(0, MAX_EPOCHS),
+            "algo.pretrain_batch_size": between(2, MAX_BATCH),
+            "algo.pretrain_lr": POSITIVE,
+            "algo.pretrain_temperature": POSITIVE,
+            "algo.pretrain_projector_dim": between(1, MAX_WIDTH),
         }
 
     @classmethod
@@ -381,6 +468,8 @@ class FedoSSL(ServerHalf):
             raise ConfigError(
                 "config key 'algo.ood_threshold': must be at most algo.pseudo_threshold"
             )
+        if algo["trainable"] not in TRAINABLE:
+            raise ConfigError(f"config key 'algo.trainable': one of {', '.join(TRAINABLE)}")
         if algo["personal"] not in PERSONAL:
             raise ConfigError(f"config key 'algo.personal': one of {', '.join(PERSONAL)}")
         for key in ("alpha", "beta", "gamma", "ce_weight", "cluster_weight", "entropy_weight"):
@@ -402,8 +491,9 @@ class FedoSSL(ServerHalf):
     def parts(cls, server: ServerSide) -> Parts:
         centroids = GlobalCentroids(server) if uses_centroids(server.cfg["algo"]) else None
         aggregator = OpenWorldAverage(server, centroids)
+        trainer = SimCLRStart(server) if server.cfg["algo"]["pretrain_epochs"] else NoTrainer()
         return Parts(
-            NoTrainer(),
+            trainer,
             aggregator,
             OpenWorldAccuracy(server, aggregator),
             CentroidCodec(server, centroids),

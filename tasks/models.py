@@ -411,3 +411,22 @@ def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
     if mcfg.get("channels_last", False):
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+TRAINABLE = ("all", "last_block")
+
+
+def freeze_before_last_block(model: nn.Module) -> list[str]:
+    """FedoSSL section 5's second stage (as ORCA): every parameter before the last conv
+    block stops taking gradients (ResNet-18: all but layer4 and the head; the small CNN:
+    its first block). Returns the frozen parameters' names; BatchNorm statistics still
+    update in train mode."""
+    _, net = _parts(model)
+    start = net.block_ends[-2] if net.num_blocks > 1 else 0
+    frozen = {id(p) for p in net.features[:start].parameters()}
+    names = []
+    for name, param in model.named_parameters():
+        if id(param) in frozen:
+            param.requires_grad_(False)
+            names.append(name)
+    return names

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from flwr.app import MetricRecord, RecordDict
 
@@ -18,6 +19,7 @@ from ssfl.reproduce import FEDOSSL_ROWS, TABLES, cell_dir, reproduce
 from strategies.parts import Update, numpy_state, to_record
 from tasks.config import ConfigError, deep_merge
 from tasks.models import classifier_keys
+from tasks.pretrain import cache_path
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid, build_strategy, run_method
 
@@ -125,9 +127,32 @@ def test_semifl_pseudo_labels_from_its_second_round():
     assert "pairwise_loss" not in rows[1]
 
 
+PRETRAIN = {"pretrain_epochs": 1, "pretrain_batch_size": 128}
+
+
+def test_a_simclr_start_is_recorded_and_the_second_stage_trains_only_the_last_block():
+    frozen, strategy = run(rounds=1, algo={**PRETRAIN, "trainable": "last_block"})
+    free, _ = run(rounds=1, algo={**PRETRAIN, "trainable": "all"})
+    for row in (frozen[0], free[0]):
+        assert row["pretrain_epochs"] == 1 and row["pretrain_images"] == 400
+        assert np.isfinite(row["pretrain_loss"]) and row["pretrain_cached"] in (0, 1)
+    assert frozen[0]["pretrain_loss"] == free[0]["pretrain_loss"]  # one stage, shared
+    saved = torch.load(cache_path(strategy.parts.trainer.key()), weights_only=True)["state"]
+    scratch = build_strategy(deep_merge(BASE, {"rounds": 1}), lambda row: None)
+    start = scratch.server.model.state_dict()
+    assert not torch.equal(saved["1.features.0.weight"], start["1.features.0.weight"])
+    after = strategy.server.model.state_dict()
+    torch.testing.assert_close(after["1.features.0.weight"], saved["1.features.0.weight"])
+    assert not torch.equal(after["1.features.4.weight"], saved["1.features.4.weight"])
+    assert "pretrain_loss" not in run()[0][0]  # from scratch by default
+
+
 @pytest.mark.parametrize(
     "changes, key",
     [
+        ({"algo": {"trainable": "layer4"}}, "algo.trainable"),
+        ({"algo": {"pretrain_epochs": -1}}, "algo.pretrain_epochs"),
+        ({"algo": {"pretrain_lr": 0.0}}, "algo.pretrain_lr"),
         ({"algo": {"objective": "fixmatch"}}, "algo.objective"),
         ({"algo": {"objective": "semifl", "beta": 0.0}}, "algo.objective"),
         ({"algo": {"ood_threshold": 0.99}}, "algo.ood_threshold"),
@@ -166,6 +191,7 @@ def test_the_cifar10_paper_scale_configs_resolve(name):
     assert cfg["model"]["name"] == "resnet18" and cfg["rounds"] == 50
     assert cfg["client"]["batch_size"] == 512 and cfg["client"]["epochs"] == 5
     assert cfg["split"]["num_clients"] // cfg["federation"]["clients_per_round"] in (2, 10)
+    assert cfg["algo"]["pretrain_epochs"] > 0 and cfg["algo"]["trainable"] == "last_block"
 
 
 def test_the_fmnist_cells_share_their_data_and_differ_only_in_the_method_switches():

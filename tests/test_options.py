@@ -83,7 +83,13 @@ _NACH = {"algo": {"objective": "nach"}}
 # TINY's round-2 model puts every sample's best seen class between 0.5 and 0.9: with an OOD
 # threshold of 0.9 all of them are pseudo-labeled (none with 0.45, or from round 3).
 _SEMIFL = {"algo": {"objective": "semifl", "beta": 0.0, "gamma": 0.0, "ood_threshold": 0.9}}
+# The SimCLR stage's settings act only when it runs (on TINY's pool, in several batches).
+_PRETRAIN = {"algo": {"pretrain_epochs": 1, "pretrain_batch_size": 64}}
 TOGETHER: dict[str | tuple[str, str], dict[str, Any]] = {
+    ("fedossl", "algo.pretrain_batch_size"): _PRETRAIN,
+    ("fedossl", "algo.pretrain_lr"): _PRETRAIN,
+    ("fedossl", "algo.pretrain_temperature"): _PRETRAIN,
+    ("fedossl", "algo.pretrain_projector_dim"): _PRETRAIN,
     ("fedossl", "algo.pseudo_threshold"): _NACH,
     ("fedossl", "algo.self_training_weight"): _NACH,
     ("fedossl", "algo.randaugment_n"): _NACH,
@@ -106,6 +112,7 @@ STRINGS = {
     "algo.tsa_schedule": ("exp", "linear", "log"),
     "algo.personal": ("none", "head", "all"),
     "algo.objective": ("orca", "nach", "semifl"),
+    "algo.trainable": ("all", "last_block"),
 }
 
 
