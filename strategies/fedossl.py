@@ -388,7 +388,7 @@ class FedoSSL(ServerHalf):
                 # SimCLR on the clients' pooled images before round 1 (0: from scratch)
                 "pretrain_epochs": 0,
                 "pretrain_batch_size": 512,  # ours (the official checkpoint's not given)
-                "pretrain_lr": 0.1,  # ours: SGD, cosine-decayed over the stage
+                "pretrain_lr": 0.5,  # ours: SGD, cosine-decayed (SimCLR: 0.3 x batch / 256, LARS)
                 "pretrain_temperature": 0.5,  # SimCLR's tau (FedSup section 5.1.1: 0.5)
                 "pretrain_projector_dim": 128,  # ours: the projector thrown away after
                 # Section 5 (as ORCA): last_block = only the last block and the head train
