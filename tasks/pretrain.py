@@ -1,4 +1,4 @@
-"""SimCLR pretraining of a model's encoder, and the paper's second stage.
+"""SimCLR pretraining of a model's encoder (the second stage's freezing: tasks.models).
 
 FedoSSL section 5: "All compared methods are implemented based on the pre-trained model
 using the contrastive learning algorithm SimCLR", and "we only update the parameters of the
