@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ from tasks.openworld import (
     predict,
 )
 from tasks.partition import class_roles
-from tasks.pretrain import cached_pretrain, settings_from, settings_key, simclr_pretrain
+from tasks.pretrain import cached_pretrain, settings_from, simclr_pretrain
 from tasks.train import derive_seed, seeded, to_float
 
 log = logging.getLogger(__name__)
@@ -156,31 +157,16 @@ class SimCLRStart(NoTrainer):
             "split": cfg["split"],
             "seed": cfg["seed"],
             "model": cfg["model"],
-            "simclr": settings_key(self.settings),
+            "simclr": asdict(self.settings),
             "views": [algo["randaugment_n"], algo["randaugment_m"], cfg["augment"]["weak_shift"]],
             "device": self.server.device.type,
         }
 
     def bootstrap(self) -> None:
-        s, cfg = self.server, self.server.cfg
-        algo, ds, settings = cfg["algo"], s.dataset, self.settings
+        s = self.server
         pool = np.unique(np.concatenate([*s.split.clients, *s.split.client_labeled]))
-        images = to_float(ds.train_x[pool], s.device)
-        augment = StrongAugment(
-            ds.image_size,
-            ds.flip,
-            ds.channels,
-            algo["randaugment_n"],
-            algo["randaugment_m"],
-            cfg["augment"]["weak_shift"],
-        ).to(s.device)
         started = time.perf_counter()
-        with seeded(derive_seed(cfg["seed"], "pretrain")) as generator:
-            losses, cached = cached_pretrain(
-                s.model,
-                self.key(),
-                lambda: simclr_pretrain(s.model, images, augment, settings, generator),
-            )
+        losses, cached = cached_pretrain(s.model, self.key(), lambda: self._pretrain(pool))
         self.record = {
             "pretrain_loss": losses[-1],
             "pretrain_first_loss": losses[0],
@@ -197,6 +183,22 @@ class SimCLRStart(NoTrainer):
             losses[-1],
             " (from the cache)" if cached else "",
         )
+
+    def _pretrain(self, pool: np.ndarray) -> list[float]:
+        """SimCLR on the images ``pool`` indexes, with the strong views of the run."""
+        s, cfg = self.server, self.server.cfg
+        algo, ds = cfg["algo"], s.dataset
+        augment = StrongAugment(
+            ds.image_size,
+            ds.flip,
+            ds.channels,
+            algo["randaugment_n"],
+            algo["randaugment_m"],
+            cfg["augment"]["weak_shift"],
+        ).to(s.device)
+        images = to_float(ds.train_x[pool], s.device)
+        with seeded(derive_seed(cfg["seed"], "pretrain")) as generator:
+            return simclr_pretrain(s.model, images, augment, self.settings, generator)
 
     def train(self, server_round: int) -> Metrics:
         return self.record if server_round == 1 else {}

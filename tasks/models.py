@@ -422,7 +422,11 @@ def freeze_before_last_block(model: nn.Module) -> list[str]:
     its first block). Returns the frozen parameters' names; BatchNorm statistics still
     update in train mode."""
     _, net = _parts(model)
-    start = net.block_ends[-2] if net.num_blocks > 1 else 0
+    if net.num_blocks < 2:
+        raise ValueError(
+            f"trainable last_block needs a model of 2+ conv blocks, not {net.num_blocks}"
+        )
+    start = net.block_ends[-2]
     frozen = {id(p) for p in net.features[:start].parameters()}
     names = []
     for name, param in model.named_parameters():

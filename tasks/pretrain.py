@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +127,3 @@ def settings_from(algo: Mapping[str, Any]) -> SimCLRSettings:
         temperature=float(algo["pretrain_temperature"]),
         projector_dim=int(algo["pretrain_projector_dim"]),
     )
-
-
-def settings_key(settings: SimCLRSettings) -> dict[str, Any]:
-    """The settings as a JSON-ready part of a cache key."""
-    return asdict(settings)

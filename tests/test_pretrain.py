@@ -57,6 +57,14 @@ def test_freezing_a_resnet18_leaves_layer4_and_the_head_as_orca():
     assert head_of(model).weight.requires_grad and head_of(model).bias.requires_grad
 
 
+def test_freezing_refuses_a_model_of_one_block_rather_than_freezing_nothing():
+    model = small_cnn()
+    model[1].block_ends = (len(model[1].features),)
+    with pytest.raises(ValueError, match="2\\+ conv blocks, not 1"):
+        freeze_before_last_block(model)
+    assert all(p.requires_grad for p in model.parameters())
+
+
 def test_a_frozen_block_gets_no_gradient_and_no_sgd_step():
     model = small_cnn()
     freeze_before_last_block(model)
