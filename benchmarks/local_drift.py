@@ -1,8 +1,9 @@
 """How far one round of local training moves each user's model: accuracy after T steps.
 
 Builds the experiment's split and server as ``ssfl run`` does, trains the server's
-bootstrap (``server.bootstrap_epochs``), then gives that model to every user as round 1
-would and runs the method's real client half (``client_app``) for T local steps, for
+bootstrap (``server.bootstrap_epochs``) or takes the global model a run kept
+(``--checkpoint``, from federation.checkpoint_every), then gives that model to every user
+as round 1 would and runs the method's real client half (``client_app``) for T local steps, for
 each T of ``--steps``. Records, per user and T, the test accuracy of the user's model
 and the half's own metrics (mask rate, pseudo-label accuracy), and the test accuracy of
 the users' average (eq. 4 without the server's own T steps). A user loss that keeps
@@ -24,11 +25,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.experiment import resolve_config, resolve_experiment, run_checkpoint
 from ssfl.registry import method
 from strategies.loop import RoundLoop
 from strategies.parts import ServerSide
 from tasks.aggregate import weighted_average
+from tasks.config import ConfigError
 from tasks.partition import get_split
 from tasks.train import evaluate
 
@@ -74,6 +76,26 @@ def bootstrapped(cfg: dict) -> tuple[dict, float]:
     return server.model.state_dict(), accuracy
 
 
+def checkpointed(cfg: dict, path: Path) -> tuple[dict, float]:
+    """The global model a run of ``cfg`` kept (federation.checkpoint_every) and its test
+    accuracy; SystemExit with one line for another run's checkpoint or none."""
+    try:
+        state = run_checkpoint(
+            path,
+            cfg,
+            "--checkpoint",
+            "give a checkpoint a run of this experiment wrote",
+            "give the experiment and --set options of the run that wrote it",
+        )
+    except ConfigError as err:
+        raise SystemExit(f"local_drift: {err}") from None
+    dataset, split = get_split(cfg)
+    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    server.model.load_state_dict(state["model"])
+    accuracy, _ = evaluate(server.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+    return server.model.state_dict(), accuracy
+
+
 def drift(cfg: dict, start: dict, steps: int) -> dict:
     """Every user's round 1 from the model ``start``, with T = ``steps``."""
     cfg = resolve_config({**cfg, "client": {**cfg["client"], "local_steps": steps}})
@@ -97,6 +119,12 @@ def main() -> None:
     parser.add_argument("experiment")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--steps", type=steps_list, default=[2, 4, 8, 16])
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="start from the global model a run of EXPERIMENT kept, not the bootstrap "
+        "(the users' own state, e.g. kept momentum, starts fresh)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     cfg = resolve_experiment(args.experiment, sets=args.sets)
@@ -105,12 +133,15 @@ def main() -> None:
         raise SystemExit(f"method {cfg['method']!r} has no client half to measure")
     if "client.local_steps" not in client.honours:
         raise SystemExit(f"method {cfg['method']!r}: its client half does not count local steps")
-    start, accuracy = bootstrapped(cfg)
+    if args.checkpoint is None:
+        (start, accuracy), source = bootstrapped(cfg), "after the bootstrap"
+    else:
+        (start, accuracy), source = checkpointed(cfg, args.checkpoint), f"of {args.checkpoint}"
     rows = [drift(cfg, start, t) for t in args.steps]
-    report = {"config": cfg, "server_accuracy": accuracy, "rows": rows}
+    report = {"config": cfg, "start": source, "server_accuracy": accuracy, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "local_drift.json").write_text(json.dumps(report, indent=1))
-    print(f"server model after the bootstrap: test accuracy {accuracy:.4f}")
+    print(f"server model {source}: test accuracy {accuracy:.4f}")
     print(
         "| T | users' test accuracy: mean (min-max) | their average's accuracy "
         "| mask rate | pseudo-label accuracy |"

@@ -41,6 +41,7 @@ EXECUTION_KEYS = (
     "federation.min_clients",
     "federation.timeout_s",
     "federation.max_failed_rounds",
+    "federation.checkpoint_every",
     "simulation.num_cpus",
     "simulation.num_gpus",
 )
@@ -155,22 +156,37 @@ def config_differences(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> l
 def check_resumable(out: Path, cfg: Mapping[str, Any]) -> int:
     """The round a run in ``out`` can resume from with ``cfg`` (its checkpoint's); a
     ConfigError when there is no readable checkpoint or its config differs (keys named)."""
-    from tasks.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+    from tasks.checkpoint import CHECKPOINT_FILE
 
     path = Path(out) / CHECKPOINT_FILE
+    checkpoint = run_checkpoint(
+        path,
+        cfg,
+        "--resume",
+        "resume needs the --out of a run that completed a round",
+        "resume with the same experiment and options, or start over without --resume",
+    )
+    return int(checkpoint["round"])
+
+
+def run_checkpoint(
+    path: Path, cfg: Mapping[str, Any], who: str, missing_hint: str, differ_hint: str
+) -> dict[str, Any]:
+    """The checkpoint at ``path`` when it was written by a run of ``cfg`` (execution keys
+    aside); otherwise a one-line ConfigError, prefixed by ``who``, naming the keys."""
+    from tasks.checkpoint import CheckpointError, load_checkpoint
+
     try:
         checkpoint = load_checkpoint(path)
     except CheckpointError as err:
-        raise ConfigError(
-            f"--resume: {err}; resume needs the --out of a run that completed a round"
-        ) from err
+        raise ConfigError(f"{who}: {err}; {missing_hint}") from err
     differ = config_differences(json.loads(checkpoint["config"]), cfg)
     if differ:
         raise ConfigError(
-            f"--resume: the config differs from the checkpoint's ({path}) in {', '.join(differ)}; "
-            "resume with the same experiment and options, or start over without --resume"
+            f"{who}: the config differs from the checkpoint's ({path}) in {', '.join(differ)}; "
+            f"{differ_hint}"
         )
-    return int(checkpoint["round"])
+    return checkpoint
 
 
 def reusable(results: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:

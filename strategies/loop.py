@@ -48,7 +48,7 @@ from strategies.parts import (
     mean_metrics,
     record_bytes,
 )
-from tasks.checkpoint import save_checkpoint
+from tasks.checkpoint import kept_checkpoint, save_checkpoint
 from tasks.config import Range
 from tasks.train import derive_seed
 
@@ -479,12 +479,17 @@ class RoundLoop(Strategy):
         }
 
     def save_checkpoint(self, rnd: int) -> None:
-        """Write the round's checkpoint atomically (when ``checkpoint_path`` is set); log its
-        write time (the overhead docs/reliability.md measures)."""
+        """Write the round's checkpoint atomically (when ``checkpoint_path`` is set), and a
+        kept copy of every federation.checkpoint_every-th round's; log its write time (the
+        overhead docs/reliability.md measures)."""
         if self.checkpoint_path is None:
             return
         started = time.perf_counter()
-        save_checkpoint(self.state(rnd), self.checkpoint_path)
+        state = self.state(rnd)
+        save_checkpoint(state, self.checkpoint_path)
+        every = self.cfg["federation"]["checkpoint_every"]
+        if every and rnd % every == 0:
+            save_checkpoint(state, kept_checkpoint(self.checkpoint_path, rnd))
         log.info("round %d: checkpoint written in %.3fs", rnd, time.perf_counter() - started)
 
     def resume_from(self, state: dict[str, Any]) -> int:

@@ -48,6 +48,12 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     write_atomic(path, buffer.getvalue())
 
 
+def kept_checkpoint(path: Path, rnd: int) -> Path:
+    """Where round ``rnd``'s kept copy of the checkpoint ``path`` goes
+    (federation.checkpoint_every): checkpoint-r007.pt beside checkpoint.pt."""
+    return path.with_name(f"{path.stem}-r{rnd:03d}{path.suffix}")
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint written by :func:`save_checkpoint`; CheckpointError if missing or unreadable."""
     if not path.is_file():

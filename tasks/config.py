@@ -113,12 +113,14 @@ DEFAULTS: dict[str, Any] = {
         "floor": 0.0001,
     },
     # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes;
-    # max_failed_rounds rounds in a row without an accepted client update stop the run.
+    # max_failed_rounds rounds in a row without an accepted client update stop the run;
+    # checkpoint_every N > 0 also keeps every Nth round's checkpoint (checkpoint-rNNN.pt).
     "federation": {
         "clients_per_round": 0,
         "min_clients": 0,
         "timeout_s": 3600.0,
         "max_failed_rounds": 3,
+        "checkpoint_every": 0,
     },
     "simulation": {"num_cpus": 1, "num_gpus": 0.0},
     # local_models: also record local_accuracy, the clients' trained models' mean test
@@ -251,6 +253,7 @@ RULES: dict[str, Range] = {
     "federation.min_clients": between(0, MAX_CLIENTS),
     "federation.timeout_s": POSITIVE,
     "federation.max_failed_rounds": between(1, MAX_ROUNDS),
+    "federation.checkpoint_every": between(0, MAX_ROUNDS),
     "simulation.num_cpus": between(1, MAX_CPUS),
     "simulation.num_gpus": UNIT,
     "eval.batch_size": between(1, MAX_BATCH),

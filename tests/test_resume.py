@@ -114,6 +114,27 @@ def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(method, tmp_path):
     assert without_seconds(resumed) == without_seconds(straight)
 
 
+def test_checkpoint_every_keeps_those_rounds_models_and_changes_no_row(tmp_path):
+    raw = tiny_raw("fedavg_fixmatch")
+    plain = run_rounds(raw, tmp_path / "plain")
+    raw["federation"]["checkpoint_every"] = 2
+    kept = run_rounds(raw, tmp_path / "kept")
+    assert without_seconds(kept) == without_seconds(plain)
+    assert sorted(p.name for p in (tmp_path / "kept").glob("checkpoint*.pt")) == [
+        "checkpoint-r002.pt",
+        "checkpoint-r004.pt",
+        "checkpoint.pt",
+    ]
+    second = load_checkpoint(tmp_path / "kept" / "checkpoint-r002.pt")
+    last = load_checkpoint(tmp_path / "kept" / "checkpoint.pt")
+    assert second["round"] == 2 and last["round"] == 4
+    assert torch.equal(
+        last["model"]["1.features.0.weight"],
+        load_checkpoint(tmp_path / "kept" / "checkpoint-r004.pt")["model"]["1.features.0.weight"],
+    )
+    assert not (tmp_path / "plain" / "checkpoint-r002.pt").exists()
+
+
 def test_client_state_is_never_taken_from_the_round_being_run_or_later(tmp_path):
     folder = tmp_path / "partition-0"
     for rnd in (1, 3, 4):

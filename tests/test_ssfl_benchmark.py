@@ -4,6 +4,7 @@ T counted in steps, the grouping, the R partitioner on the real Fashion-MNIST sp
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from client_app.base import MOMENTUM_KEY
 from ssfl.experiment import resolve_config, resolve_experiment
 from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
+from tasks.checkpoint import save_checkpoint
 from tasks.config import ConfigError
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.models import build_model, classifier_keys
@@ -313,7 +315,7 @@ def test_small_cnn_dropout_is_a_model_option():
         resolve_config({"model": {"dropout": 1.0}})
 
 
-def test_local_drift_benchmark_runs_every_user_for_t_steps():
+def test_local_drift_benchmark_runs_every_user_for_t_steps(tmp_path):
     spec = importlib.util.spec_from_file_location("local_drift", ROOT / "benchmarks/local_drift.py")
     drift_module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(drift_module)
@@ -325,3 +327,10 @@ def test_local_drift_benchmark_runs_every_user_for_t_steps():
     assert row["steps"] == 2 and len(row["user_accuracy"]) == 4
     assert all(m["local_steps"] == 2 for m in row["user_metrics"])
     assert 0.0 <= row["average_accuracy"] <= 1.0 and 0.0 <= accuracy <= 1.0
+    save_checkpoint({"round": 4, "config": json.dumps(cfg), "model": start}, tmp_path / "c.pt")
+    kept, kept_accuracy = drift_module.checkpointed(cfg, tmp_path / "c.pt")
+    assert kept_accuracy == accuracy
+    assert all(torch.equal(kept[k], start[k]) for k in start)
+    other = resolve_config({**raw, "seed": 3})
+    with pytest.raises(SystemExit, match=r"^local_drift: --checkpoint: the config differs"):
+        drift_module.checkpointed(other, tmp_path / "c.pt")
