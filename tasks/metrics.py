@@ -64,10 +64,14 @@ def confident_share(probs: Tensor, labels: Tensor, threshold: float) -> dict[str
 
 
 def calibration(probs: Tensor, labels: Tensor, threshold: float, bins: int) -> dict[str, Any]:
-    """Accuracy, reliability diagram, ECE and the confident share of one set of predictions."""
+    """Accuracy, predictions per class, reliability diagram, ECE and the confident share of
+    one set of predictions."""
     rows = reliability_bins(probs, labels, bins)
     return {
         "images": len(labels),
+        "predicted_per_class": torch.bincount(
+            probs.argmax(dim=1), minlength=probs.shape[1]
+        ).tolist(),
         "accuracy": float((probs.argmax(dim=1) == labels).float().mean()) if len(labels) else 0.0,
         "mean_confidence": float(probs.max(dim=1).values.mean()) if len(labels) else 0.0,
         "ece": expected_calibration_error(rows),

@@ -55,6 +55,7 @@ def test_the_confident_share_is_what_a_mask_at_tau_keeps():
 def test_calibration_summarises_one_set():
     report = calibration(PROBS, LABELS, threshold=0.9, bins=10)
     assert report["images"] == 4 and report["accuracy"] == 0.75
+    assert report["predicted_per_class"] == [1, 1, 2]
     assert report["mean_confidence"] == pytest.approx(0.775)
     assert report["confident"]["count"] == 2 and len(report["bins"]) == 10
 
