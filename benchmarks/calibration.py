@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssfl.experiment import resolve_experiment, run_checkpoint
+from ssfl.experiment import kept_checkpoint_state, resolve_experiment
 from ssfl.registry import method
 from strategies.parts import ServerSide
 from tasks.augment import WeakAugment
@@ -43,13 +43,7 @@ def server_model(cfg: dict, checkpoint: Path | None) -> tuple[ServerSide, str]:
         strategy = method(cfg["method"]).server_half().strategy(server, lambda row: None)
         strategy.parts.trainer.bootstrap()
         return server, f"the bootstrap ({cfg['server']['bootstrap_epochs']} epochs)"
-    state = run_checkpoint(
-        checkpoint,
-        cfg,
-        "--checkpoint",
-        "give a checkpoint a run of this experiment wrote",
-        "give the experiment and --set options of the run that wrote it",
-    )
+    state = kept_checkpoint_state(checkpoint, cfg)
     server.model.load_state_dict(state["model"])
     return server, f"the global model after round {state['round']}"
 

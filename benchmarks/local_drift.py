@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from ssfl.experiment import resolve_config, resolve_experiment, run_checkpoint
+from ssfl.experiment import kept_checkpoint_state, resolve_config, resolve_experiment
 from ssfl.registry import method
 from strategies.loop import RoundLoop
 from strategies.parts import ServerSide
@@ -80,13 +80,7 @@ def checkpointed(cfg: dict, path: Path) -> tuple[dict, float]:
     """The global model a run of ``cfg`` kept (federation.checkpoint_every) and its test
     accuracy; SystemExit with one line for another run's checkpoint or none."""
     try:
-        state = run_checkpoint(
-            path,
-            cfg,
-            "--checkpoint",
-            "give a checkpoint a run of this experiment wrote",
-            "give the experiment and --set options of the run that wrote it",
-        )
+        state = kept_checkpoint_state(path, cfg)
     except ConfigError as err:
         raise SystemExit(f"local_drift: {err}") from None
     dataset, split = get_split(cfg)

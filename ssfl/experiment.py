@@ -189,6 +189,18 @@ def run_checkpoint(
     return checkpoint
 
 
+def kept_checkpoint_state(path: Path, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A kept checkpoint (federation.checkpoint_every) a benchmark's ``--checkpoint`` names,
+    when a run of ``cfg`` wrote it; otherwise a one-line ConfigError."""
+    return run_checkpoint(
+        Path(path),
+        cfg,
+        "--checkpoint",
+        "give a checkpoint a run of this experiment wrote",
+        "give the experiment and --set options of the run that wrote it",
+    )
+
+
 def reusable(results: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     """Whether a results.json is of a completed run of this config (sweep and reproduce
     reuse such a run instead of training again)."""

@@ -67,13 +67,13 @@ def calibration(probs: Tensor, labels: Tensor, threshold: float, bins: int) -> d
     """Accuracy, predictions per class, reliability diagram, ECE and the confident share of
     one set of predictions."""
     rows = reliability_bins(probs, labels, bins)
+    conf, pred = probs.max(dim=1)
+    some = len(labels) > 0
     return {
         "images": len(labels),
-        "predicted_per_class": torch.bincount(
-            probs.argmax(dim=1), minlength=probs.shape[1]
-        ).tolist(),
-        "accuracy": float((probs.argmax(dim=1) == labels).float().mean()) if len(labels) else 0.0,
-        "mean_confidence": float(probs.max(dim=1).values.mean()) if len(labels) else 0.0,
+        "predicted_per_class": torch.bincount(pred, minlength=probs.shape[1]).tolist(),
+        "accuracy": float((pred == labels).float().mean()) if some else 0.0,
+        "mean_confidence": float(conf.mean()) if some else 0.0,
         "ece": expected_calibration_error(rows),
         "bins": rows,
         "confident": confident_share(probs, labels, threshold),
