@@ -260,3 +260,40 @@ def test_bad_seeds_exit_2_with_one_line(tmp_path, monkeypatch, capsys, seeds):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("ssfl: error: --seeds") and err.count("\n") == 1
+
+
+def test_ssfl_fig2_runs_every_variant_per_seed_and_judges_gains_over_self_training(
+    tmp_path, monkeypatch
+):
+    # Per seed 0, 1, 2: the FedAvg solution's gain over self-training (+0.10) is outside
+    # twice the larger std (0.02); grouping's (+0.01) is within it.
+    accs = {
+        "ssfl_fmnist_server_sl": [0.80, 0.80, 0.80],
+        "selftrain_bn": [0.60, 0.60, 0.60],
+        "crl_bn": [0.65, 0.65, 0.65],
+        "crl_gn": [0.69, 0.70, 0.71],
+        "grouping_gn": [0.59, 0.61, 0.63],
+    }
+    ran = []
+
+    def fake_run(cfg, out, stream):
+        ran.append((cfg["name"], cfg["seed"], out.parent.name))
+        return fake_results(accs[cfg["name"]][cfg["seed"]], 12, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    text = reproduce("ssfl-fig2", tmp_path, None, [], dataset="fmnist", seeds=SEEDS)
+    assert len(ran) == 15 and {seed for _, seed, _ in ran} == set(SEEDS)
+    assert {folder for _, _, folder in ran} == {
+        "server_sl-noniid",
+        "traditional_self_training-noniid",
+        "fedavg_solution_bn-noniid",
+        "fedavg_solution-noniid",
+        "grouping_based_solution-noniid",
+    }
+    assert "| FedAvg solution | 0.7000 ± 0.0100 | 0.9283 |" in text
+    assert "| Server-SL | 0.8000 ± 0.0000 | - |" in text
+    assert "| FedAvg solution - Traditional self-training | +0.1000 | +0.4073 |" in text
+    grouping = "| Grouping-based solution - Traditional self-training | +0.0100 (tie) | +0.4128 |"
+    assert grouping in text
+    assert "| Server-SL - Traditional self-training | +0.2000 | - |" in text
