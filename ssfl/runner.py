@@ -63,9 +63,14 @@ def flwr_bin(name: str) -> str:
 
 def flwr_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of every Flower process and CLI call: a scratch FLWR_HOME,
-    no runtime dependency installation, no update check, a 0.1 s SuperExec poll, plus
-    ``extra``."""
+    no runtime dependency installation, no update check, a 0.1 s SuperExec poll, no Ray
+    workers started before they are asked for, plus ``extra``."""
     return {
+        # Ray starts one idle worker per CPU for the first driver; Flower's actors carry a
+        # runtime_env (PYTHONPATH), so they never use those and get workers of their own: on
+        # a 2-core machine two extra Python processes start beside the actors (a user's
+        # own setting wins).
+        "RAY_prestart_worker_first_driver": "0",
         **os.environ,
         # Flower starts flower-superexec and flwr-serverapp by name: find ours first,
         # also when this environment is not activated.
