@@ -432,7 +432,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"profiled round (in process, steady): {report['profiled']['steady_round_s']:.2f} s",
         f"flower round (ssfl run, steady): {flower['steady_round_s']:.2f} s; "
         f"outside rounds (start-up + shut-down): {flower['outside_rounds_s']:.1f} s",
-        "start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in flower["startup"].items()),
+        startup_line(flower),
         f"bare arithmetic: {bare['total']:.2f} s (clients {bare['clients']:.2f} s on "
         f"{report['parallel_clients']} processes, server {bare['server']:.2f} s)",
         f"round_over_arithmetic: {report['round_over_arithmetic']:.2f}",
@@ -453,6 +453,11 @@ def parse_args() -> argparse.Namespace:
         help="take the `ssfl run` part from this earlier report of the same experiment, "
         "rounds and --set (measure only the in-process and bare parts)",
     )
+    parser.add_argument(
+        "--startup-only",
+        action="store_true",
+        help="measure only the `ssfl run` part and report its start-up stages",
+    )
     return parser.parse_args()
 
 
@@ -465,6 +470,21 @@ def earlier_flower(path: Path, experiment: str, rounds: int, sets: list[str]) ->
     return report["flower"]
 
 
+def startup_line(flower: dict[str, Any]) -> str:
+    """The start-up stages of an ``ssfl run`` part, one line."""
+    return "start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in flower["startup"].items())
+
+
+def startup_report(experiment: str, rounds: int, sets: list[str], out: Path | None) -> None:
+    """``--startup-only``: run ``ssfl run`` once, print (and write) its start-up stages."""
+    flower = flower_run(experiment, rounds, sets)
+    print(startup_line(flower))
+    if out:
+        report = {"experiment": experiment, "rounds": rounds, "sets": sets, "flower": flower}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
     args = parse_args()
     if args.rounds < 1:
@@ -473,6 +493,9 @@ def main() -> None:
     if resolve_device(cfg["device"]).type != "cpu":
         raise SystemExit("round_profile: profiles CPU runs only (set device: cpu)")
     check_data(cfg)
+    if args.startup_only:
+        startup_report(args.experiment, args.rounds, args.sets, args.json)
+        return
     keep_freed_memory()  # as the ServerApp and ClientApps do
     cores = os.cpu_count() or 1
     parallel = max(

@@ -119,3 +119,24 @@ def test_an_earlier_ssfl_run_part_is_reused_only_for_the_same_run(profile, tmp_p
     assert profile.earlier_flower(path, "e.yaml", 3, ["a=1"]) == {"wall_s": 5.0}
     with pytest.raises(SystemExit, match="profiled"):
         profile.earlier_flower(path, "e.yaml", 4, ["a=1"])
+
+
+def test_startup_only_runs_the_ssfl_run_part_alone_and_writes_its_stages(
+    profile, tmp_path, monkeypatch, capsys
+):
+    stages = {"cli_s": 1.5, "node_discovery_s": 5.25, "to_first_round_s": 9.0}
+    calls = []
+
+    def fake_flower_run(experiment, rounds, sets):
+        calls.append((experiment, rounds, sets))
+        return {"startup": stages, "wall_s": 20.0}
+
+    monkeypatch.setattr(profile, "flower_run", fake_flower_run)
+    out = tmp_path / "startup.json"
+    profile.startup_report("e.yaml", 1, ["eval.every=100"], out)
+    assert calls == [("e.yaml", 1, ["eval.every=100"])]
+    assert capsys.readouterr().out == (
+        "start-up: cli 1.5 s, node_discovery 5.2 s, to_first_round 9.0 s\n"
+    )
+    report = json.loads(out.read_text())
+    assert report["flower"]["startup"] == stages and report["sets"] == ["eval.every=100"]
