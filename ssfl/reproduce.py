@@ -143,7 +143,8 @@ SSFL_TABLE = Table(
     ],
     baseline="Traditional self-training",
     notes=[
-        "Paper: CIFAR-10, ResNet-18 GN (BN for the first two rows), Fig. 2 and the text "
+        "Paper: CIFAR-10, ResNet-18 GN (BN for self-training and the FedAvg solution (BN)), "
+        "Fig. 2 and the text "
         "beside it (grouping: 0.9283 + 0.0055). Ours (fmnist): Fashion-MNIST, small CNN, the "
         "paper's K, C_k, R, N_s, T, tau and S, 40 rounds; Server-SL (ours) trains the server's "
         "1,000 labeled images in the same rhythm. docs/ssfl-benchmark.md.",
