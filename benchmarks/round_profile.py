@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -350,23 +351,122 @@ def flower_run(experiment: str, rounds: int, sets: list[str]) -> dict[str, Any]:
         with subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ) as proc:
+            sampler = CpuSampler(proc.pid)
+            sampler.start()
             for line in proc.stdout:
                 for mark, text in OUTPUT_MARKS.items():
                     if text in line:
                         seen.setdefault(mark, time.time())
         ended = time.time()
+        sampler.stop()
         if proc.returncode:
             raise SystemExit(f"round_profile: ssfl run exited {proc.returncode}")
         results = json.loads((Path(tmp) / "run" / "results.json").read_text())
     seconds = [r["seconds"] for r in results["rounds"]]
     wall = ended - launched
+    marks = {**seen, **results["timeline"]}
     return {
         "round_seconds": seconds,
         "steady_round_s": steady(seconds),
         "outside_rounds_s": wall - sum(seconds),
         "wall_s": wall,
-        "startup": startup_stages(launched, {**seen, **results["timeline"]}, ended),
+        "startup": startup_stages(launched, marks, ended),
+        "startup_cpu": sampler.cpu_until(marks.get("nodes_found", ended), launched),
     }
+
+
+# What a process of the run is, by a piece of its command line (first match).
+PROCESS_KINDS = (
+    ("ssfl.cli", "ssfl CLI"),
+    ("ssfl.ray_head", "Ray head (driver)"),
+    ("flower-superlink", "SuperLink"),
+    ("flower-superexec", "SuperExec"),
+    ("flwr-simulation", "simulation (ServerApp, Ray driver)"),
+    ("flwr run", "flwr run"),
+    ("gcs_server", "Ray GCS"),
+    ("raylet", "raylet"),
+    ("log_monitor", "Ray log monitor"),
+    ("monitor.py", "Ray autoscaler monitor"),
+    ("dashboard.py", "Ray API server"),
+    ("DashboardAgent", "Ray dashboard agent"),
+    ("RuntimeEnvAgent", "Ray runtime-env agent"),
+    ("ClientAppActor", "client actors"),
+)
+
+
+def process_kind(cmdline: str) -> str:
+    """The kind of a process of the run (``other`` when none matches)."""
+    return next((kind for key, kind in PROCESS_KINDS if key in cmdline), "other")
+
+
+def process_table() -> dict[int, tuple[int, float, str]]:
+    """pid -> (parent pid, CPU seconds used so far, command line), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_text().replace("\0", " ")
+        except (OSError, IndexError):
+            continue
+        table[int(entry.name)] = (
+            int(fields[1]),
+            (int(fields[11]) + int(fields[12])) / tick,
+            cmdline,
+        )
+    return table
+
+
+def descendants_cpu(
+    root: int, table: dict[int, tuple[int, float, str]]
+) -> dict[int, tuple[str, float]]:
+    """pid -> (kind, CPU seconds) of ``root`` and every process under it."""
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            found[pid] = (process_kind(table[pid][2]), table[pid][1])
+        todo += [child for child, (parent, _, _) in table.items() if parent == pid]
+    return found
+
+
+class CpuSampler:
+    """The CPU seconds of a process tree, sampled every ``every`` seconds in a thread (a
+    process keeps its last sample once it has exited)."""
+
+    def __init__(self, root: int, every: float = 0.2) -> None:
+        self.root, self.every = root, every
+        self.samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            self.samples.append((time.time(), descendants_cpu(self.root, process_table())))
+
+    def cpu_until(self, until: float, since: float) -> dict[str, Any]:
+        """CPU seconds by process kind up to the last sample before ``until``, their sum, and
+        the cores they kept busy on average since ``since``."""
+        last: dict[int, tuple[str, float]] = {}
+        for at, seen in self.samples:
+            if at > until:
+                break
+            last.update(seen)
+        by_kind: dict[str, float] = {}
+        for kind, cpu in last.values():
+            by_kind[kind] = by_kind.get(kind, 0.0) + cpu
+        total = sum(by_kind.values())
+        ordered = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+        return {"cpu_s": total, "cores_busy": total / max(until - since, 1e-9), "by_kind": ordered}
 
 
 # Lines of ``ssfl run``'s output that end a start-up stage.
@@ -471,8 +571,17 @@ def earlier_flower(path: Path, experiment: str, rounds: int, sets: list[str]) ->
 
 
 def startup_line(flower: dict[str, Any]) -> str:
-    """The start-up stages of an ``ssfl run`` part, one line."""
-    return "start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in flower["startup"].items())
+    """The start-up stages of an ``ssfl run`` part, one line, and the CPU they used (when
+    sampled) on another."""
+    line = "start-up: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in flower["startup"].items())
+    cpu = flower.get("startup_cpu")
+    if cpu:
+        kinds = ", ".join(f"{kind} {sec:.1f}" for kind, sec in cpu["by_kind"].items())
+        line += (
+            f"\nstart-up CPU: {cpu['cpu_s']:.1f} s ({cpu['cores_busy']:.2f} cores busy "
+            f"on average of {os.cpu_count()}): {kinds}"
+        )
+    return line
 
 
 def startup_report(experiment: str, rounds: int, sets: list[str], out: Path | None) -> None:

@@ -85,14 +85,22 @@ def flwr_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def start_process(
-    cmd: list[str], env: Mapping[str, str], log_file: Path | None = None
+    cmd: list[str],
+    env: Mapping[str, str],
+    log_file: Path | None = None,
+    stdin: int | None = None,
 ) -> subprocess.Popen:
     """Start ``cmd`` in a process group of its own (``stop_process`` ends that group only),
     its output going to ``log_file`` (discarded when None)."""
     out = log_file.open("w") if log_file is not None else subprocess.DEVNULL
     try:
         return subprocess.Popen(
-            cmd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=dict(env),
+            stdin=stdin,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     finally:
         if log_file is not None:
@@ -187,13 +195,60 @@ def http_ok(url: str, ca_file: Path | None = None) -> bool:
         return False
 
 
+def ray_prestart_wanted(env: Mapping[str, str]) -> bool:
+    """Whether a run starts its own Ray cluster beforehand: not when the user names a
+    cluster (``RAY_ADDRESS``) or turns it off (``SSFL_RAY_PRESTART=0``)."""
+    return not env.get("RAY_ADDRESS") and env.get("SSFL_RAY_PRESTART", "1") != "0"
+
+
+@dataclass
+class RayHead:
+    """The run's local Ray cluster (``python -m ssfl.ray_head``) on a free GCS port, started
+    before the simulation asks for Ray, which joins it through ``RAY_ADDRESS``."""
+
+    port: int
+    log_file: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def launch(self, env: Mapping[str, str]) -> None:
+        """Start the cluster without waiting for it (once); it lives while its stdin is open."""
+        if self.process is None:
+            cmd = [sys.executable, "-m", "ssfl.ray_head"]
+            env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}  # start, not join
+            env["RAY_GCS_SERVER_PORT"] = str(self.port)
+            self.process = start_process(cmd, env, self.log_file, stdin=subprocess.PIPE)
+
+    def check(self) -> None:
+        """Raise RunFailed when the cluster's process has exited (the run cannot reach Ray)."""
+        code = None if self.process is None else self.process.poll()
+        if code is not None:
+            lines = (
+                self.log_file.read_text().strip().splitlines() if self.log_file.is_file() else []
+            )
+            last = lines[-1] if lines else "no output"
+            raise RunFailed(f"the run's Ray cluster exited with code {code}: {last}")
+
+    def stop(self) -> None:
+        """Stop the cluster: Ray's head processes and the workers it started."""
+        if self.process is not None and self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        stop_process(self.process)
+
+
 @dataclass
 class LocalSuperLink:
-    """A simulation SuperLink on free loopback ports, owned (and stopped) by this process."""
+    """A simulation SuperLink on free loopback ports, with the Ray cluster its simulation
+    joins (unless :func:`ray_prestart_wanted` says no), owned and stopped by this process."""
 
     home: Path
     env: dict[str, str]
     process: subprocess.Popen | None = None
+    ray: RayHead | None = None
 
     @classmethod
     def create(cls) -> LocalSuperLink:
@@ -204,7 +259,10 @@ class LocalSuperLink:
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
             FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
         )
-        return cls(home=home, env=env)
+        ray = RayHead(free_port(), home / "ray-head.log") if ray_prestart_wanted(env) else None
+        if ray is not None:
+            env["RAY_ADDRESS"] = ray.address
+        return cls(home=home, env=env, ray=ray)
 
     @classmethod
     def booting(cls) -> LocalSuperLink:
@@ -218,9 +276,11 @@ class LocalSuperLink:
         return self.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
 
     def launch(self) -> None:
-        """Start the SuperLink process without waiting for it (once)."""
+        """Start the Ray cluster and the SuperLink process without waiting for them (once)."""
         if self.process is not None:
             return
+        if self.ray is not None:
+            self.ray.launch(self.env)
         cmd = [
             flwr_bin("flower-superlink"),
             "--insecure",
@@ -253,9 +313,16 @@ class LocalSuperLink:
     def log_file(self) -> Path:
         return self.home / "superlink.log"
 
+    def check(self) -> None:
+        """Raise RunFailed when the run's Ray cluster has died."""
+        if self.ray is not None:
+            self.ray.check()
+
     def stop(self) -> None:
-        """Stop the SuperLink and everything it started (its own process group only)."""
+        """Stop the SuperLink and everything it started, then the Ray cluster."""
         stop_process(self.process)
+        if self.ray is not None:
+            self.ray.stop()
 
     def close(self, out: Path | None = None) -> None:
         """Stop it, keep its log in ``out`` (when given) and remove its scratch home."""
@@ -409,6 +476,7 @@ def run_simulation(
             extra=["--federation-config", federation_config(cfg)],
             stream=stream,
             app_dir=app_dir,
+            watch=link.check,
             resume=resume,
             client_state=str(out / CLIENT_STATE_DIR),
         )

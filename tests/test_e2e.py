@@ -175,9 +175,17 @@ def processes() -> list[tuple[int, int, str]]:
     return found
 
 
-def superlinks_started_by(pid: int) -> list[int]:
-    """The flower-superlink processes whose parent is ``pid``."""
-    return [p for p, ppid, cmd in processes() if ppid == pid and "flower-superlink" in cmd]
+def started_by(pid: int, name: str) -> list[int]:
+    """The processes whose parent is ``pid`` and whose command line holds ``name``."""
+    return [p for p, ppid, cmd in processes() if ppid == pid and name in cmd]
+
+
+def command(pid: int) -> str:
+    """The command line of ``pid`` ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
 
 
 def descendants(pid: int) -> list[int]:
@@ -207,10 +215,15 @@ def test_sigterm_stops_the_superlink_and_all_it_started(tmp_path, synthetic_raw)
         deadline = time.monotonic() + 300
         while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
             time.sleep(0.5)
-        links = superlinks_started_by(proc.pid)
-        assert len(links) == 1
-        started = descendants(links[0])  # flower-superexec, the simulation, Ray
-        assert started
+        links = started_by(proc.pid, "flower-superlink")
+        heads = started_by(proc.pid, "ssfl.ray_head")
+        assert len(links) == 1 and len(heads) == 1
+        # flower-superexec and the simulation; Ray's processes under the run's Ray head: the
+        # simulation joined that cluster and started none of its own.
+        under_link, under_head = descendants(links[0]), descendants(heads[0])
+        assert under_link and not [p for p in under_link if "raylet" in command(p)]
+        assert [p for p in under_head if "raylet" in command(p)]
+        started = [*under_link, heads[0], *under_head]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
         time.sleep(1.0)

@@ -5,12 +5,22 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from ssfl.experiment import resolve_config
-from ssfl.runner import SIZE_WARNING, _copy_lines, federation_config, flwr_env
+from ssfl.runner import (
+    SIZE_WARNING,
+    LocalSuperLink,
+    RayHead,
+    RunFailed,
+    _copy_lines,
+    federation_config,
+    flwr_env,
+)
+from tests.test_e2e import alive, descendants
 
 
 def test_federation_config_runs_one_supernode_per_client():
@@ -72,3 +82,90 @@ def test_ray_under_flowers_environment_starts_only_the_workers_the_actors_use(
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "1"
+
+
+@pytest.mark.parametrize(
+    ("user", "prestarted"),
+    [({}, True), ({"SSFL_RAY_PRESTART": "0"}, False), ({"RAY_ADDRESS": "10.0.0.5:6379"}, False)],
+)
+def test_a_run_joins_a_ray_cluster_of_its_own_unless_told_otherwise(user, prestarted, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("SSFL_RAY_PRESTART", raising=False)
+    for key, value in user.items():
+        monkeypatch.setenv(key, value)
+    link = LocalSuperLink.create()
+    try:
+        assert (link.ray is not None) == prestarted
+        if prestarted:
+            assert link.env["RAY_ADDRESS"] == f"127.0.0.1:{link.ray.port}"
+        else:
+            assert link.env.get("RAY_ADDRESS") == user.get("RAY_ADDRESS")
+    finally:
+        link.close()
+
+
+def test_the_ray_head_starts_a_cluster_rather_than_joining_the_address_it_serves(
+    tmp_path, monkeypatch
+):
+    started = {}
+
+    def fake_start(cmd, env, log_file=None, stdin=None):
+        started.update(cmd=cmd, env=env, stdin=stdin)
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    monkeypatch.setattr("ssfl.runner.start_process", fake_start)
+    head = RayHead(45678, tmp_path / "ray-head.log")
+    head.launch({"RAY_ADDRESS": head.address, "PATH": "/bin"})
+    head.process.wait()
+    assert started["cmd"][1:] == ["-m", "ssfl.ray_head"]
+    assert started["env"] == {"PATH": "/bin", "RAY_GCS_SERVER_PORT": "45678"}
+    assert started["stdin"] == subprocess.PIPE
+
+
+def test_a_dead_ray_head_fails_the_run_with_its_last_line(tmp_path):
+    log = tmp_path / "ray-head.log"
+    head = RayHead(45678, log)
+    with log.open("w") as out:
+        head.process = subprocess.Popen(
+            [sys.executable, "-c", "print('port taken'); raise SystemExit(3)"], stdout=out
+        )
+    head.process.wait()
+    with pytest.raises(RunFailed, match=r"^the run's Ray cluster exited with code 3: port taken$"):
+        head.check()
+    head.stop()
+
+
+@pytest.mark.e2e
+def test_the_ray_head_serves_a_flower_style_driver_and_stops_with_all_it_started(tmp_path):
+    link = LocalSuperLink.create()
+    try:
+        link.ray.launch(link.env)
+        joined = subprocess.run(
+            [sys.executable, "-c", RAY_JOIN],
+            env=link.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        assert joined.stdout.split()[-1] == f"{link.ray.port}"
+        started = descendants(link.ray.process.pid)
+        assert started
+    finally:
+        link.close()
+    time.sleep(0.5)
+    assert [pid for pid in [link.ray.process.pid, *started] if alive(pid)] == []
+
+
+# Flower's RayBackend's call (flwr/server/superlink/fleet/vce/backend/raybackend.py), RAY_ADDRESS
+# from the environment; prints the GCS port of the cluster it joined.
+RAY_JOIN = """
+import os, sys
+import ray
+ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+         include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+actor = ray.remote(num_cpus=1)(type("Actor", (), {"pid": lambda self: os.getpid()})).remote()
+ray.get(actor.pid.remote())
+print(ray.get_runtime_context().gcs_address.rsplit(":", 1)[1])
+ray.shutdown()
+"""

@@ -348,6 +348,7 @@ def test_a_refused_config_stops_the_superlink_booting_beside_it(tmp_path, monkey
     assert "client.lr" in capsys.readouterr().err
     (link,) = links
     assert link.process.poll() is not None and not link.home.exists()
+    assert link.ray.process.poll() is not None  # the run's Ray cluster stopped too
 
 
 def test_ssfl_run_stops_its_superlink_whatever_the_runner_does(
@@ -370,6 +371,7 @@ def test_ssfl_run_stops_its_superlink_whatever_the_runner_does(
     assert main(["run", str(experiment), "--out", str(tmp_path / "out"), "--quiet"]) == 1
     (link,) = links
     assert link.process.poll() is not None and not link.home.exists()
+    assert link.ray.process.poll() is not None  # the run's Ray cluster stopped too
 
 
 def test_the_runner_names_the_checkpoint_files_as_the_checkpoint_module():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -140,3 +142,46 @@ def test_startup_only_runs_the_ssfl_run_part_alone_and_writes_its_stages(
     )
     report = json.loads(out.read_text())
     assert report["flower"]["startup"] == stages and report["sets"] == ["eval.every=100"]
+
+
+def test_start_up_cpu_sums_each_process_at_its_last_sample_before_the_mark(profile):
+    sampler = profile.CpuSampler(root=1)
+    sampler.samples = [
+        (10.0, {1: ("ssfl CLI", 0.5), 2: ("SuperLink", 0.25)}),
+        (11.0, {1: ("ssfl CLI", 1.5), 3: ("client actors", 1.0)}),  # 2 has exited
+        (12.0, {1: ("ssfl CLI", 9.0), 3: ("client actors", 9.0), 4: ("client actors", 9.0)}),
+    ]
+    cpu = sampler.cpu_until(11.5, since=9.5)
+    assert cpu["by_kind"] == {"ssfl CLI": 1.5, "client actors": 1.0, "SuperLink": 0.25}
+    assert cpu["cpu_s"] == 2.75 and cpu["cores_busy"] == pytest.approx(2.75 / 2.0)
+
+
+def test_the_run_processes_are_told_apart_by_their_command_lines(profile):
+    assert profile.process_kind("python -m ssfl.cli run e.yaml") == "ssfl CLI"
+    assert profile.process_kind("/x/ray/_private/log_monitor.py --s") == "Ray log monitor"
+    assert profile.process_kind("/x/ray/autoscaler/_private/monitor.py") == (
+        "Ray autoscaler monitor"
+    )
+    assert profile.process_kind("ray::ClientAppActor.run") == "client actors"
+    assert profile.process_kind("bash") == "other"
+
+
+def test_the_sampled_tree_holds_the_root_and_its_children(profile):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        tree = profile.descendants_cpu(os.getpid(), profile.process_table())
+        assert os.getpid() in tree and child.pid in tree
+        assert all(cpu >= 0 for _, cpu in tree.values())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_start_up_line_names_the_cpu_it_used_when_sampled(profile):
+    flower = {
+        "startup": {"cli_s": 1.5},
+        "startup_cpu": {"cpu_s": 3.0, "cores_busy": 1.5, "by_kind": {"SuperLink": 3.0}},
+    }
+    second = profile.startup_line(flower).splitlines()[1]
+    assert second.startswith("start-up CPU: 3.0 s (1.50 cores busy on average of ")
+    assert second.endswith("): SuperLink 3.0")
