@@ -57,6 +57,7 @@ from torch.optim.optimizer import (
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peak_memory import tree  # noqa: E402
 from ssfl.experiment import check_data, resolve_experiment  # noqa: E402
 from tasks.augment import RandAugment, StrongAugment, WeakAugment  # noqa: E402
 from tasks.train import keep_freed_memory, resolve_device  # noqa: E402
@@ -399,37 +400,14 @@ def process_kind(cmdline: str) -> str:
     return next((kind for key, kind in PROCESS_KINDS if key in cmdline), "other")
 
 
-def process_table() -> dict[int, tuple[int, float, str]]:
-    """pid -> (parent pid, CPU seconds used so far, command line), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_text().replace("\0", " ")
-        except (OSError, IndexError):
-            continue
-        table[int(entry.name)] = (
-            int(fields[1]),
-            (int(fields[11]) + int(fields[12])) / tick,
-            cmdline,
-        )
-    return table
-
-
-def descendants_cpu(
-    root: int, table: dict[int, tuple[int, float, str]]
-) -> dict[int, tuple[str, float]]:
-    """pid -> (kind, CPU seconds) of ``root`` and every process under it."""
-    found, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            found[pid] = (process_kind(table[pid][2]), table[pid][1])
-        todo += [child for child, (parent, _, _) in table.items() if parent == pid]
-    return found
+def process_cpu(pid: int) -> tuple[str, float] | None:
+    """(kind, CPU seconds used so far) of a live process; None once it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except (OSError, IndexError):
+        return None
+    return process_kind(cmdline), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class CpuSampler:
@@ -451,7 +429,8 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self._done.wait(self.every):
-            self.samples.append((time.time(), descendants_cpu(self.root, process_table())))
+            seen = {pid: process_cpu(pid) for pid in tree(self.root)}
+            self.samples.append((time.time(), {p: v for p, v in seen.items() if v is not None}))
 
     def cpu_until(self, until: float, since: float) -> dict[str, Any]:
         """CPU seconds by process kind up to the last sample before ``until``, their sum, and

@@ -2,7 +2,7 @@
 
 ``python -m ssfl.ray_head`` starts Ray's head processes (GCS, raylet and agents) as Flower's
 simulation would (``include_dashboard=False``), on the GCS port in ``RAY_GCS_SERVER_PORT``,
-prints ``ready`` and holds the cluster until its standard input closes or it is terminated;
+and holds the cluster until its standard input closes or it is terminated;
 then Ray stops with it. ``ssfl run`` launches it beside the SuperLink, so that Ray boots while
 the CLI checks the data and the simulation process starts: the simulation's ``ray.init``
 then connects to it (``RAY_ADDRESS``) instead of starting a cluster of its own
@@ -14,16 +14,13 @@ from __future__ import annotations
 import signal
 import sys
 
-READY = "ready"
-
 
 def hold() -> None:
-    """Start the cluster, say so, and keep it until stdin closes or SIGTERM arrives."""
+    """Start the cluster and keep it until stdin closes or SIGTERM arrives."""
     import ray
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    print(READY, flush=True)
     try:
         sys.stdin.read()
     finally:
