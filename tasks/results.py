@@ -38,6 +38,33 @@ FINAL_OF_LAST_ROUND = (
 )
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; the platform's processor string elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host() -> dict[str, Any]:
+    """What a run's CPU numbers depend on besides seed and config: the float rounding of
+    torch's CPU kernels changes with the instruction set they dispatch to and with the
+    recording (server) process's thread count (docs/reference.md, "Determinism")."""
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
 class Recorder:
     """Collects one row per round and writes the run's files into ``out_dir``."""
 
@@ -92,7 +119,7 @@ class Recorder:
             **self.final_of_last_round(),
             "wall_seconds": time.time() - self.started,
             "timeline": {**self.timeline, "finished": time.time()},
-            "host": {"python": platform.python_version(), "machine": platform.machine()},
+            "host": host(),
         }
 
     def final_of_last_round(self) -> dict[str, float]:

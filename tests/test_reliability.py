@@ -269,6 +269,28 @@ def test_results_record_the_status(tmp_path):
     assert not reusable(written, cfg) and reusable(done.results(), cfg)
 
 
+def test_results_record_what_the_cpu_numbers_depend_on(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        done = Recorder(tmp_path, resolve_config({}), {})
+        done.add_round({"round": 1, "test_accuracy": 0.5, "test_loss": 1.0, "seconds": 0.1})
+        written = json.loads(json.dumps(done.finish()["host"]))
+    finally:
+        torch.set_num_threads(threads)
+    assert written["threads"] == 1 and written["torch"] == torch.__version__
+    assert written["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(written["cpu"], str) and written["cpu"]
+
+
+def test_same_seed_same_threads_same_weights():
+    from benchmarks.float_order import trained_weights
+
+    first, again = trained_weights(3), trained_weights(3)
+    assert first.shape == again.shape and first.ndim == 1 and torch.equal(first, again)
+    assert not torch.equal(first, trained_weights(2))
+
+
 FAILURE = "no client update accepted in 3 rounds in a row (rounds 1-3); round 3: partition 0: x"
 
 
