@@ -7,6 +7,7 @@ import logging
 import platform
 import time
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,10 @@ def cpu_model() -> str:
 
 
 def host() -> dict[str, Any]:
-    """What a run's CPU numbers depend on besides seed and config: the float rounding of
-    torch's CPU kernels changes with the instruction set they dispatch to and with the
-    recording (server) process's thread count (docs/reference.md, "Determinism")."""
+    """What a run's CPU numbers depend on besides seed and config: the packages that compute
+    them, and the float rounding of torch's CPU kernels, which changes with the instruction
+    set they dispatch to and with the recording (server) process's thread count
+    (docs/reference.md, "Determinism")."""
     import torch
 
     return {
@@ -60,6 +62,7 @@ def host() -> dict[str, Any]:
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "torch": torch.__version__,
+        **{name: version(name) for name in ("numpy", "kornia", "flwr")},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
     }

@@ -281,6 +281,7 @@ def test_results_record_what_the_cpu_numbers_depend_on(tmp_path):
     assert written["threads"] == 1 and written["torch"] == torch.__version__
     assert written["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert isinstance(written["cpu"], str) and written["cpu"]
+    assert written["numpy"] == np.__version__ and {"kornia", "flwr"} <= written.keys()
 
 
 def test_same_seed_same_threads_same_weights():
