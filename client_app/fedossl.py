@@ -18,7 +18,7 @@ filtered pairs and adaptive-threshold, distribution-aligned self-training on a s
 view, beside the supervised loss and -H) and ``semifl`` (SemiFL*: cross-entropy on the
 labeled data and on a strong view of the unlabeled samples the round's global model
 pseudo-labels, seen classes by confidence, unseen ones by clustering its
-out-of-distribution samples).
+out-of-distribution samples; with algo.mix_weight, SemiFL's mixup term on them).
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ from tasks.models import freeze_before_last_block
 from tasks.openworld import (
     aligned_self_training,
     balanced_kmeans,
+    beta_draw,
     calibration_loss,
     centroid_assignment,
     entropy_of_mean,
     filtered_pair_indices,
     forward,
+    hard_pseudo_labels,
     learning_gap,
     margin_cross_entropy,
     mean_uncertainty,
+    mixup_pseudo_loss,
     open_world_pseudo_labels,
     pair_indices,
     pairwise_loss,
@@ -69,20 +72,21 @@ LOSSES = {
         "mask_rate",
         "pairs_kept",
     ),
-    "semifl": ("train_loss", "supervised_loss", "pseudo_loss", "mask_rate"),
+    "semifl": ("train_loss", "supervised_loss", "pseudo_loss", "mix_loss", "mask_rate"),
 }
 
 
 @dataclass(frozen=True)
 class RoundStart:
     """What the round's start model fixes for every step: n^c (eq. 6), ORCA's margin,
-    NACH's learning gap, SemiFL*'s pseudo-labels, the global centroids m, and which
-    classes are seen (one flag per class)."""
+    NACH's learning gap, SemiFL*'s pseudo-labels and its mix partners' labels, the global
+    centroids m, and which classes are seen (one flag per class)."""
 
     counts: torch.Tensor
     margin: float
     gap: float
     pseudo: torch.Tensor | None
+    hard: torch.Tensor | None
     centroids: torch.Tensor | None
     seen: torch.Tensor
 
@@ -143,6 +147,7 @@ class FedoSSLClient(ClientHalf):
             margin=min(mean_uncertainty(probs), a["max_margin"]),
             gap=learning_gap(probs, seen),
             pseudo=pseudo,
+            hard=None if pseudo is None else hard_pseudo_labels(probs, pseudo),
             centroids=self.global_centroids(),
             seen=seen,
         )
@@ -159,10 +164,10 @@ class FedoSSLClient(ClientHalf):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The objective's loss on one batch (``idx``: the unlabeled samples) and its terms
         in LOSSES order."""
-        xu = self.data.x[idx.to(self.data.x.device)]
         objective = self.algo["objective"]
         if objective == "semifl":
-            return self.semifl_loss(xl, yl, xu, start.pseudo[idx.to(start.pseudo.device)])
+            return self.semifl_loss(xl, yl, idx, start)
+        xu = self.data.x[idx.to(self.data.x.device)]
         if objective == "nach":
             return self.nach_loss(xl, yl, xu, start)
         return self.orca_loss(xl, yl, xu, start)
@@ -229,20 +234,38 @@ class FedoSSLClient(ClientHalf):
         return loss, [loss, l_s, l_u, r, l_st, *rates]
 
     def semifl_loss(
-        self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, pseudo: torch.Tensor
+        self, xl: torch.Tensor, yl: torch.Tensor, idx: torch.Tensor, start: RoundStart
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """SemiFL* on one batch: cross-entropy on a weak view of the labeled samples, plus
         self_training_weight x cross-entropy on a strong view of the pseudo-labeled
-        unlabeled samples (averaged over all unlabeled samples, as FixMatch)."""
-        a = self.algo
+        unlabeled samples (averaged over all unlabeled samples, as FixMatch), plus
+        mix_weight x SemiFL's mix term: each pseudo-labeled sample's weak view mixed with
+        the weak view of a random unlabeled sample of the client, lambda ~ Beta(mixup_alpha,
+        mixup_alpha) once a step (official code: modules.py ``fix-mix``, alpha 0.75),
+        summed over them and divided by the unlabeled batch as the term before it."""
+        a, d = self.algo, self.data
         weak, strong = self.augmenters()
-        _, logits = forward(self.model, torch.cat([weak(xl), strong(xu)]), a["logit_scale"])
-        l_s = F.cross_entropy(logits[: len(xl)], yl)
+        xu = d.x[idx.to(d.x.device)]
+        pseudo = start.pseudo[idx.to(start.pseudo.device)]
         mask = pseudo >= 0
-        ce = F.cross_entropy(logits[len(xl) :], pseudo.clamp_min(0), reduction="none")
+        views = [weak(xl), strong(xu)]
+        mix = a["mix_weight"] > 0 and bool(mask.any())
+        if mix:
+            lam = beta_draw(a["mixup_alpha"], self.generator)
+            partner = torch.randint(len(d.x), (int(mask.sum()),), generator=self.generator)
+            x_partner = d.x[partner.to(d.x.device)]
+            views.append(lam * weak(xu[mask]) + (1.0 - lam) * weak(x_partner))
+        _, logits = forward(self.model, torch.cat(views), a["logit_scale"])
+        nl, nu = len(xl), len(xu)
+        l_s = F.cross_entropy(logits[:nl], yl)
+        ce = F.cross_entropy(logits[nl : nl + nu], pseudo.clamp_min(0), reduction="none")
         l_p = (ce * mask).mean()
-        loss = l_s + a["self_training_weight"] * l_p
-        return loss, [loss, l_s, l_p, mask.float().mean()]
+        l_mix = logits.new_zeros(())
+        if mix:
+            y_partner = start.hard[partner.to(start.hard.device)]
+            l_mix = mixup_pseudo_loss(logits[nl + nu :], pseudo[mask], y_partner, lam).sum() / nu
+        loss = l_s + a["self_training_weight"] * l_p + a["mix_weight"] * l_mix
+        return loss, [loss, l_s, l_p, l_mix, mask.float().mean()]
 
     def beta(self) -> float:
         """R_i's weight with its sign (algo.flip_suppressed: R_i maximised)."""

@@ -384,6 +384,10 @@ class FedoSSL(ServerHalf):
                 # the labels before clients pseudo-label, here round 1 trains on them alone
                 "pseudo_from_round": 2,
                 "self_training_weight": 1.0,  # NACH / SemiFL*: weight of the strong-view CE
+                # SemiFL's fix-mix term (official code: modules.py, Beta(0.75, 0.75)): its
+                # weight (0: the fix term alone, as the Table 2 cells ran) and mixup's alpha
+                "mix_weight": 0.0,
+                "mixup_alpha": 0.75,
                 "randaugment_n": 2,  # NACH / SemiFL*: the strong view, RandAugment (n, m)
                 "randaugment_m": 10.0,
                 # Section 5: every method starts from a SimCLR-pretrained model; epochs of
@@ -430,6 +434,8 @@ class FedoSSL(ServerHalf):
             "algo.ood_threshold": UNIT,
             "algo.pseudo_from_round": between(1, MAX_ROUNDS),
             "algo.self_training_weight": NON_NEGATIVE,
+            "algo.mix_weight": NON_NEGATIVE,
+            "algo.mixup_alpha": POSITIVE,
             "algo.randaugment_n": between(0, 16),
             "algo.randaugment_m": between(0, 10),
             "algo.pretrain_epochs": between(0, MAX_EPOCHS),
@@ -465,6 +471,10 @@ class FedoSSL(ServerHalf):
             raise ConfigError(
                 "config key 'algo.objective': semifl uses neither R_i nor L_cal; "
                 "set algo.beta and algo.gamma to 0"
+            )
+        if algo["mix_weight"] and algo["objective"] != "semifl":
+            raise ConfigError(
+                "config key 'algo.mix_weight': SemiFL's term; needs algo.objective semifl"
             )
         if algo["ood_threshold"] > algo["pseudo_threshold"]:
             raise ConfigError(

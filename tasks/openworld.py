@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
+from scipy.special import betaincinv
 from torch import Tensor, nn
 
 from tasks.models import embedding, head_of
@@ -350,6 +351,27 @@ def open_world_pseudo_labels(
         clusters = spherical_kmeans(features[ood], k, iters, generator)
         labels[ood] = clusters_to_classes(clusters, probs[ood], unseen)
     return labels
+
+
+def mixup_pseudo_loss(logits: Tensor, y_fix: Tensor, y_partner: Tensor, lam: float) -> Tensor:
+    """SemiFL's mix term per sample, on the logits of lam x_fix + (1 - lam) x_partner:
+    lam CE(., y_fix) + (1 - lam) CE(., y_partner) (official code, models/wresnet.py
+    ``fix-mix``)."""
+    ce_fix = F.cross_entropy(logits, y_fix, reduction="none")
+    return lam * ce_fix + (1.0 - lam) * F.cross_entropy(logits, y_partner, reduction="none")
+
+
+def beta_draw(alpha: float, generator=None) -> float:
+    """One draw of mixup's lambda ~ Beta(alpha, alpha), by the inverse CDF of a uniform from
+    ``generator`` (so the client's seeded stream decides it)."""
+    u = float(torch.rand((), generator=generator))
+    return float(betaincinv(alpha, alpha, u))
+
+
+def hard_pseudo_labels(probs: Tensor, pseudo: Tensor) -> Tensor:
+    """SemiFL's mix partners' labels: the pseudo-label where one was given, else the start
+    model's argmax (the official mix set labels every sample by its argmax)."""
+    return torch.where(pseudo >= 0, pseudo, probs.argmax(dim=1))
 
 
 # ----- Metrics -------------------------------------------------------------------------

@@ -125,6 +125,15 @@ def test_semifl_pseudo_labels_from_its_second_round():
     assert rows[0]["mask_rate"] == 0.0 and rows[0]["pseudo_loss"] == 0.0  # labels alone
     assert rows[1]["mask_rate"] > 0.0 and rows[1]["pseudo_loss"] > 0.0
     assert "pairwise_loss" not in rows[1]
+    assert rows[1]["mix_loss"] == 0.0  # SemiFL's mix term off by default
+
+
+def test_semifl_mix_term_acts_with_the_pseudo_labels():
+    plain, _ = run(algo=SEMIFL)
+    rows, _ = run(algo={**SEMIFL, "mix_weight": 1.0})
+    assert rows[0]["mix_loss"] == 0.0 and rows[0]["test_loss"] == plain[0]["test_loss"]
+    assert rows[1]["mix_loss"] > 0.0 and rows[1]["mask_rate"] == plain[1]["mask_rate"]
+    assert rows[1]["test_loss"] != plain[1]["test_loss"]
 
 
 PRETRAIN = {"pretrain_epochs": 1, "pretrain_batch_size": 128}
@@ -156,6 +165,8 @@ def test_a_simclr_start_is_recorded_and_the_second_stage_trains_only_the_last_bl
         ({"algo": {"objective": "fixmatch"}}, "algo.objective"),
         ({"algo": {"objective": "semifl", "beta": 0.0}}, "algo.objective"),
         ({"algo": {"ood_threshold": 0.99}}, "algo.ood_threshold"),
+        ({"algo": {"mix_weight": 1.0}}, "algo.mix_weight"),
+        ({"algo": {**SEMIFL, "mixup_alpha": 0.0}}, "algo.mixup_alpha"),
         ({"algo": {"global_centroids": 11}}, "algo.global_centroids"),
         ({"algo": {"personal": "some"}}, "algo.personal"),
         ({"algo": {"tau": 0.0}}, "algo.tau"),

@@ -14,6 +14,7 @@ from tasks.data import make_synthetic
 from tasks.openworld import (
     aligned_self_training,
     balanced_kmeans,
+    beta_draw,
     calibration_loss,
     claim_seen_rows,
     cluster_global_centroids,
@@ -21,9 +22,11 @@ from tasks.openworld import (
     cosine_logits,
     entropy_of_mean,
     filtered_pair_indices,
+    hard_pseudo_labels,
     learning_gap,
     margin_cross_entropy,
     matched_accuracy,
+    mixup_pseudo_loss,
     nach_thresholds,
     open_world_accuracy,
     open_world_pseudo_labels,
@@ -281,3 +284,29 @@ def test_semifl_pseudo_labels_seen_by_confidence_and_clustered_ood_as_unseen():
     gen = torch.Generator().manual_seed(0)
     labels = open_world_pseudo_labels(probs, feats, [0, 1], 0.95, 0.5, 10, gen)
     assert labels.tolist() == [0, -1, 2, 3]
+
+
+def test_semifl_mix_term_weighs_both_labels_by_lambda():
+    logits = torch.tensor(
+        [[0.0, math.log(3.0)], [math.log(3.0), 0.0]]
+    )  # p = (.25, .75), (.75, .25)
+    y_fix, y_partner = torch.tensor([1, 1]), torch.tensor([0, 1])
+    loss = mixup_pseudo_loss(logits, y_fix, y_partner, 0.5)
+    expected = [0.5 * -math.log(0.75) + 0.5 * -math.log(0.25), -math.log(0.25)]
+    assert loss.tolist() == pytest.approx(expected, abs=1e-6)
+    assert mixup_pseudo_loss(logits, y_fix, y_partner, 1.0).tolist() == pytest.approx(
+        [-math.log(0.75), -math.log(0.25)], abs=1e-6
+    )
+
+
+def test_semifl_mix_partners_keep_their_pseudo_label_else_the_argmax():
+    probs = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.1, 0.2, 0.7]])
+    assert hard_pseudo_labels(probs, torch.tensor([-1, 2, -1])).tolist() == [0, 2, 2]
+
+
+def test_mixup_lambda_is_a_seeded_beta_draw():
+    draws = [beta_draw(0.75, torch.Generator().manual_seed(s)) for s in range(2000)]
+    assert all(0.0 <= d <= 1.0 for d in draws)
+    assert np.mean(draws) == pytest.approx(0.5, abs=0.02)  # Beta(a, a): mean 1/2
+    assert np.var(draws) == pytest.approx(1 / (4 * 2.5), abs=0.01)  # 1 / (4 (2a + 1))
+    assert beta_draw(0.75, torch.Generator().manual_seed(3)) == draws[3]

@@ -96,6 +96,8 @@ TOGETHER: dict[str | tuple[str, str], dict[str, Any]] = {
     ("fedossl", "algo.randaugment_m"): _NACH,
     ("fedossl", "algo.ood_threshold"): _SEMIFL,
     ("fedossl", "algo.pseudo_from_round"): _SEMIFL,
+    ("fedossl", "algo.mix_weight"): _SEMIFL,
+    ("fedossl", "algo.mixup_alpha"): {"algo": {**_SEMIFL["algo"], "mix_weight": 1.0}},
     "algo.fixed_threshold": {"algo": {"classwise_threshold": False}},
     "algo.labeled_batch_size": {
         "split": {"scenario": "labels_at_client", "client_labeled_per_class": 2},
