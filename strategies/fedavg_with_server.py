@@ -20,7 +20,7 @@ from strategies.parts import (
     TestAccuracy,
 )
 from strategies.server_sl import LABELS_AT_SERVER_RULES
-from tasks.config import ConfigError, Range
+from tasks.config import POSITIVE, ConfigError, Range
 
 LOSSES = ("crl", "selftrain")
 
@@ -58,12 +58,15 @@ class FedAvgWithServer(ServerHalf):
                 # ours, not in the paper: pseudo-labels from weak-view probabilities
                 # aligned to uniform (ReMixMatch's distribution alignment)
                 "distribution_alignment": False,
+                # ours, not in the paper: the server's model weighs a against each user's 1
+                # in eq. 4 / eq. 7 (1 = the paper's equal weights)
+                "server_weight": 1.0,
             },
         }
 
     @classmethod
     def rules(cls) -> dict[str, Range]:
-        return LABELS_AT_SERVER_RULES
+        return {**LABELS_AT_SERVER_RULES, "algo.server_weight": POSITIVE}
 
     @classmethod
     def check_config(cls, cfg: dict[str, Any]) -> None:

@@ -407,12 +407,14 @@ class FedAvg:
 class AverageWithServer(FedAvg):
     """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_k w_k) / (C_k + 1), equal weights.
 
-    w_s is the server's model after its step beside the clients. Each round also records
+    w_s is the server's model after its step beside the clients; algo.server_weight a
+    (ours, default 1 = eq. 4) weights it a against each user's 1. Each round also records
     the weight diversity of eq. 8 on the classifier, u_k = w_k - the model k started from.
     """
 
     def __init__(self, server: ServerSide):
         self.server = server
+        self.server_weight = float(server.cfg["algo"]["server_weight"])
         self.diversity_keys = classifier_keys(server.model)  # eq. 8: the classifier's
         self.started_from: dict[int, ArrayRecord] = {}
 
@@ -439,7 +441,8 @@ class AverageWithServer(FedAvg):
         self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
     ) -> tuple[dict[str, np.ndarray], Metrics]:
         """The new w_avg (eq. 4-5, users sorted by partition id)."""
-        return average_with_server(server, [users[k] for k in sorted(users)]), {}
+        users_sorted = [users[k] for k in sorted(users)]
+        return average_with_server(server, users_sorted, self.server_weight), {}
 
     def diversity(self, users: dict[int, dict[str, np.ndarray]]) -> float:
         """Eq. 8 over the users' updates of ``diversity_keys``."""
@@ -487,7 +490,7 @@ class GroupedAverage(AverageWithServer):
     ) -> tuple[dict[str, np.ndarray], Metrics]:
         seed = derive_seed(self.server.cfg["seed"], "groups", server_round)
         groups = assign_groups(sorted(users), self.num_groups, np.random.default_rng(seed))
-        per_group, overall = group_average(server, users, groups)
+        per_group, overall = group_average(server, users, groups, self.server_weight)
         self.group_models = {}
         for group, state in zip(groups, per_group):
             record = to_record(state)

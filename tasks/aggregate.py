@@ -39,9 +39,14 @@ def weighted_average(
 State = Mapping[str, np.ndarray]
 
 
-def average_with_server(server: State, users: Sequence[State]) -> dict[str, np.ndarray]:
-    """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_{k in U} w_k) / (|U| + 1), equal weights."""
-    return weighted_average([server, *users], [1.0] * (len(users) + 1))
+def average_with_server(
+    server: State, users: Sequence[State], server_weight: float = 1.0
+) -> dict[str, np.ndarray]:
+    """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_{k in U} w_k) / (|U| + 1), equal weights.
+
+    ``server_weight`` a (ours; 1 is eq. 4) gives (a w_s + sum_k w_k) / (a + |U|).
+    """
+    return weighted_average([server, *users], [server_weight] + [1.0] * len(users))
 
 
 def assign_groups(ids: Sequence[int], num_groups: int, rng: np.random.Generator) -> list[list[int]]:
@@ -57,16 +62,22 @@ def assign_groups(ids: Sequence[int], num_groups: int, rng: np.random.Generator)
 
 
 def group_average(
-    server: State, users: Mapping[int, State], groups: Sequence[Sequence[int]]
+    server: State,
+    users: Mapping[int, State],
+    groups: Sequence[Sequence[int]],
+    server_weight: float = 1.0,
 ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """FedRGD, SSFL benchmark eq. 7: the server's model joins every group.
 
     w_avg,i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1) for each group i, and
-    w_avg = sum_i w_avg,i / S. Returns ([w_avg,1, ..., w_avg,S], w_avg).
+    w_avg = sum_i w_avg,i / S (the server's model weighted ``server_weight`` within each
+    group, as in ``average_with_server``). Returns ([w_avg,1, ..., w_avg,S], w_avg).
     """
     if not groups:
         raise ValueError("group_average needs at least one group")
-    per_group = [average_with_server(server, [users[k] for k in group]) for group in groups]
+    per_group = [
+        average_with_server(server, [users[k] for k in group], server_weight) for group in groups
+    ]
     overall = weighted_average(per_group, [1.0] * len(per_group))
     return per_group, overall
 

@@ -13,6 +13,7 @@ import torch
 
 from client_app.base import MOMENTUM_KEY
 from ssfl.experiment import resolve_config, resolve_experiment
+from tasks import aggregate
 from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
 from tasks.checkpoint import save_checkpoint
 from tasks.config import ConfigError
@@ -47,6 +48,19 @@ def test_average_with_server_eq4():
     server = {"w": np.array([1.0, 1.0], dtype=np.float32)}
     users = [{"w": np.array([3.0, 3.0], dtype=np.float32)}, {"w": np.array([5.0, 8.0])}]
     assert average_with_server(server, users)["w"].tolist() == [3.0, 4.0]  # (1+3+5)/3, (1+3+8)/3
+
+
+def test_server_weight_scales_the_servers_share():
+    server = {"w": np.array([0.0, 10.0])}
+    users = [{"w": np.array([10.0, 0.0])}, {"w": np.array([4.0, 0.0])}]
+    # a = 2: (2 w_s + w_1 + w_2) / 4; a = 1 is eq. 4's (w_s + w_1 + w_2) / 3
+    assert average_with_server(server, users, 2.0)["w"].tolist() == [3.5, 5.0]
+    assert (
+        average_with_server(server, users, 1.0)["w"].tolist()
+        == average_with_server(server, users)["w"].tolist()
+    )
+    per_group, _ = group_average(server, {0: users[0], 1: users[1]}, [[0], [1]], 3.0)
+    assert [g["w"].tolist() for g in per_group] == [[2.5, 7.5], [1.0, 7.5]]  # (3 w_s + w_k) / 4
 
 
 def test_group_average_eq7_hand_made():
@@ -301,6 +315,22 @@ def test_distribution_alignment_feeds_every_users_step(monkeypatch, loss):
     calls.clear()
     run_harness({**ssfl_raw("fedavg_with_server", loss=loss), "rounds": 1}, InProcessGrid(4))
     assert calls == []  # off by default (the paper has no alignment)
+
+
+@pytest.mark.parametrize("method, sizes", [("fedavg_with_server", [4]), ("fedrgd", [2, 2])])
+def test_server_weight_reaches_eq4_and_eq7(monkeypatch, method, sizes):
+    seen: list[list[float]] = []
+    average = aggregate.weighted_average
+
+    def recorded(updates, weights):
+        seen.append(list(weights))
+        return average(updates, weights)
+
+    monkeypatch.setattr(aggregate, "weighted_average", recorded)
+    run_harness({**ssfl_raw(method, server_weight=3.0), "rounds": 1}, InProcessGrid(4))
+    assert [w for w in seen if w[0] == 3.0] == [[3.0] + [1.0] * n for n in sizes]
+    with pytest.raises(ConfigError, match=r"'algo\.server_weight': must be > 0"):
+        resolve_config({"method": method, "algo": {"server_weight": 0}})
 
 
 def test_small_cnn_dropout_is_a_model_option():
