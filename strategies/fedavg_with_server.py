@@ -83,7 +83,7 @@ class FedAvgWithServer(ServerHalf):
 
     @classmethod
     def aggregator(cls, server: ServerSide) -> AverageWithServer:
-        return AverageWithServer(server)
+        return AverageWithServer(server, server.cfg["algo"]["server_weight"])
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:

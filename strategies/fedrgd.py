@@ -30,4 +30,5 @@ class FedRGD(FedAvgWithServer):
 
     @classmethod
     def aggregator(cls, server: ServerSide) -> GroupedAverage:
-        return GroupedAverage(server, server.cfg["algo"]["groups"])
+        algo = server.cfg["algo"]
+        return GroupedAverage(server, algo["groups"], algo["server_weight"])

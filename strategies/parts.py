@@ -407,14 +407,14 @@ class FedAvg:
 class AverageWithServer(FedAvg):
     """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_k w_k) / (C_k + 1), equal weights.
 
-    w_s is the server's model after its step beside the clients; algo.server_weight a
+    w_s is the server's model after its step beside the clients; ``server_weight`` a
     (ours, default 1 = eq. 4) weights it a against each user's 1. Each round also records
     the weight diversity of eq. 8 on the classifier, u_k = w_k - the model k started from.
     """
 
-    def __init__(self, server: ServerSide):
+    def __init__(self, server: ServerSide, server_weight: float = 1.0):
         self.server = server
-        self.server_weight = float(server.cfg["algo"]["server_weight"])
+        self.server_weight = server_weight
         self.diversity_keys = classifier_keys(server.model)  # eq. 8: the classifier's
         self.started_from: dict[int, ArrayRecord] = {}
 
@@ -466,8 +466,8 @@ class GroupedAverage(AverageWithServer):
     starts from w_avg (ours: the paper has every user in every round).
     """
 
-    def __init__(self, server: ServerSide, num_groups: int):
-        super().__init__(server)
+    def __init__(self, server: ServerSide, num_groups: int, server_weight: float = 1.0):
+        super().__init__(server, server_weight)
         self.num_groups = num_groups
         self.group_models: dict[int, ArrayRecord] = {}
 
