@@ -28,8 +28,10 @@ from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import get_split, stream_slice, stream_step
 from tasks.train import (
+    DEVICE_RECORD,
     autocast,
     derive_seed,
+    device_name,
     make_sgd,
     resolve_device,
     scheduled_lr,
@@ -300,4 +302,5 @@ class ClientHalf(ABC):
                 "num-examples": self.num_examples(),
             }
         )
+        content[DEVICE_RECORD] = ConfigRecord({"device": device_name(self.device)})
         return content

@@ -35,6 +35,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = Recorder(out, cfg, split.summary)
     strategy = method(cfg["method"]).server_half().strategy(server, recorder.add_round)
     recorder.timeline = strategy.timeline
+    recorder.devices = strategy.devices
     strategy.timeline.update(server_main=entered, server_built=time.time())
     strategy.checkpoint_path = out / CHECKPOINT_FILE
     if context.run_config.get("resume"):

@@ -40,8 +40,10 @@ def report(results: dict[str, Any], out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ssfl.gpu import refuse_cuda_early
     from ssfl.runner import LocalSuperLink, RunFailed, run_simulation
 
+    refuse_cuda_early(args.experiment, args.set or [])  # before any process starts
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:
         cfg, out = prepare(args)

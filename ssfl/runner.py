@@ -461,7 +461,11 @@ def run_simulation(
 
     ``resume``: go on from the checkpoint in ``out`` (the clients' state in
     ``out/client-state``); otherwise both are removed first. ``link``: a SuperLink
-    already booting (:meth:`LocalSuperLink.booting`); this call closes it."""
+    already booting (:meth:`LocalSuperLink.booting`); this call closes it (its caller
+    does when the device check refuses the experiment)."""
+    from ssfl.gpu import check_run_device, gpu_count
+
+    share = check_run_device(cfg, gpu_count())  # a refused device starts nothing
     link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
     try:
@@ -473,7 +477,7 @@ def run_simulation(
             link.env,
             exp,
             out,
-            extra=["--federation-config", federation_config(cfg)],
+            extra=["--federation-config", federation_config(cfg, share)],
             stream=stream,
             app_dir=app_dir,
             watch=link.check,
@@ -484,13 +488,18 @@ def run_simulation(
         link.close(out)
 
 
-def federation_config(cfg: Mapping[str, Any]) -> str:
-    """The simulation's --federation-config: one SuperNode per client and its resources."""
-    sim = cfg["simulation"]
+def federation_config(cfg: Mapping[str, Any], gpu_share: float | None = None) -> str:
+    """The simulation's --federation-config: one SuperNode per client and its resources
+    (``gpu_share``: each client actor's GPU share, default simulation.num_gpus's share
+    on this machine, see :mod:`ssfl.gpu`)."""
+    if gpu_share is None:
+        from ssfl.gpu import client_gpu_share, gpu_count
+
+        gpu_share = client_gpu_share(cfg, gpu_count())
     return (
         f"num-supernodes={cfg['split']['num_clients']} "
-        f"client-resources-num-cpus={sim['num_cpus']} "
-        f"client-resources-num-gpus={float(sim['num_gpus'])}"
+        f"client-resources-num-cpus={cfg['simulation']['num_cpus']} "
+        f"client-resources-num-gpus={float(gpu_share)}"
     )
 
 

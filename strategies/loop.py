@@ -50,7 +50,7 @@ from strategies.parts import (
 )
 from tasks.checkpoint import kept_checkpoint, save_checkpoint
 from tasks.config import Range
-from tasks.train import derive_seed
+from tasks.train import DEVICE_RECORD, derive_seed, device_name
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
 
@@ -216,6 +216,8 @@ class RoundLoop(Strategy):
         self.checkpoint_path: Path | None = None  # where each round's checkpoint goes
         # Wall-clock time (time.time()) at which each start-up stage ended.
         self.timeline: dict[str, float] = {}
+        # The server's device and the one each client last reported training on.
+        self.devices: dict[str, Any] = {"server": device_name(server.device), "clients": {}}
 
     # ----- Flower Strategy interface -------------------------------------------------
     def summary(self) -> None:
@@ -312,6 +314,7 @@ class RoundLoop(Strategy):
             updates.append(Update.of(reply))
         updates.sort(key=lambda u: u.pid)
         stats.replies = len(updates)
+        self.note_devices(updates)
         for update in updates:
             stats.bytes_c2s += record_bytes(update.content)
             extra = update.content["metrics"].get("dense-bytes")
@@ -319,6 +322,13 @@ class RoundLoop(Strategy):
                 int(extra) if extra is not None else dense_bytes(update.content)
             )
         return updates
+
+    def note_devices(self, updates: list[Update]) -> None:
+        """Keep the device each client reports in its reply's ``device`` record."""
+        for update in updates:
+            record = update.content.config_records.get(DEVICE_RECORD)
+            if record is not None:
+                self.devices["clients"][str(update.pid)] = str(record.get("device", "unknown"))
 
     # ----- Update validation (the reliability issue's rule 2) ---------------------------
     def problem(

@@ -122,7 +122,9 @@ DEFAULTS: dict[str, Any] = {
         "max_failed_rounds": 3,
         "checkpoint_every": 0,
     },
-    "simulation": {"num_cpus": 1, "num_gpus": 0.0},
+    # num_gpus: each client actor's share of a GPU; -1 = auto (ssfl.gpu: 0 on device cpu or
+    # without a GPU, else the GPUs divided among a round's clients, at most 1 each).
+    "simulation": {"num_cpus": 1, "num_gpus": -1.0},
     # local_models: also record local_accuracy, the clients' trained models' mean test
     # accuracy each round (FedMatch Table 2's metric).
     "eval": {
@@ -255,7 +257,7 @@ RULES: dict[str, Range] = {
     "federation.max_failed_rounds": between(1, MAX_ROUNDS),
     "federation.checkpoint_every": between(0, MAX_ROUNDS),
     "simulation.num_cpus": between(1, MAX_CPUS),
-    "simulation.num_gpus": UNIT,
+    "simulation.num_gpus": between(-1, 1),
     "eval.batch_size": between(1, MAX_BATCH),
     "eval.every": between(1, MAX_ROUNDS),
     "eval.protocol_every": between(0, MAX_ROUNDS),
@@ -421,6 +423,11 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
                 f"config key '{key}': must be <= split.num_clients "
                 f"({cfg['split']['num_clients']}), got {_get(cfg, key)}"
             )
+    share = cfg["simulation"]["num_gpus"]
+    if -1 < share < 0:
+        raise ConfigError(
+            f"config key 'simulation.num_gpus': must be -1 (auto) or in [0, 1], got {show(share)}"
+        )
     dropout = cfg["model"]["dropout"]
     if dropout and cfg["model"]["name"] != "small_cnn":
         raise ConfigError(

@@ -82,6 +82,8 @@ class Recorder:
         self.jsonl.write_text("")
         # Wall-clock ends of the start-up stages (the ServerApp's), "finished" added last.
         self.timeline: dict[str, float] = {}
+        # The server's device and each client's ({"server": "cuda:0", "clients": {...}}).
+        self.devices: dict[str, Any] = {}
 
     def add_round(self, row: Mapping[str, Any]) -> None:
         """Append a round's row to metrics.jsonl and log one progress line."""
@@ -122,6 +124,7 @@ class Recorder:
             **self.final_of_last_round(),
             "wall_seconds": time.time() - self.started,
             "timeline": {**self.timeline, "finished": time.time()},
+            "devices": self.devices,
             "host": host(),
         }
 

@@ -56,6 +56,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# The reply record in which a client names the device it trained on.
+DEVICE_RECORD = "device"
+
+
+def device_name(device: torch.device) -> str:
+    """'cpu', or 'cuda:N' with N the index torch uses in this process (an actor that holds
+    a GPU share sees its GPU as cuda:0)."""
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return f"cuda:{index}"
+    return str(device)
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from any parts (seed, round, partition, ...), stable across processes."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
@@ -77,6 +90,12 @@ def autocast(cfg: Mapping[str, Any], device: torch.device) -> contextlib.Abstrac
     if cfg["train"]["amp"] == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def running_sum(device: torch.device) -> torch.Tensor:
+    """A float64 zero on ``device`` to add each step's loss to: the loop never waits for
+    the device, and the sum is the one a Python float sum of the same losses gives."""
+    return torch.zeros((), dtype=torch.float64, device=device)
 
 
 def to_float(images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -217,7 +236,7 @@ def supervised_epochs(
     """
     model.train()
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
-    total, steps = 0.0, 0
+    total, steps = running_sum(x.device), 0
     for idx in step_batches(len(x), batch_size, generator, epochs, local_steps):
         idx = idx.to(x.device)
         xb = x[idx]
@@ -231,9 +250,9 @@ def supervised_epochs(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        total += float(loss.detach())
+        total += loss.detach().double()
         steps += 1
-    return {"loss": total / max(steps, 1), "steps": float(steps)}
+    return {"loss": float(total) / max(steps, 1), "steps": float(steps)}
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

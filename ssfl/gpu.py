@@ -1,0 +1,89 @@
+"""GPU shares of simulated clients, and the device checks a run makes before it starts.
+
+Ray hides the GPU from an actor that asks for no GPU (``CUDA_VISIBLE_DEVICES=''``), so a
+client trains on the GPU only when its actor holds a share of one. ``simulation.num_gpus``
+is that share; its default, :data:`AUTO_SHARE`, picks one: nothing when the experiment's
+device is ``cpu`` or the machine has no GPU, else the machine's GPUs divided among the
+clients of a round (at most one GPU each), so that a whole round trains at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from tasks.config import ConfigError, deep_merge, parse_overrides, read_yaml
+
+# simulation.num_gpus's default: the share is picked by :func:`client_gpu_share`.
+AUTO_SHARE = -1.0
+# Ray counts fractional resources in steps of 1e-4; a share is rounded down to one.
+SHARE_STEP = 1e-4
+
+
+def gpu_count() -> int:
+    """CUDA GPUs torch sees in this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def clients_a_round(cfg: Mapping[str, Any]) -> int:
+    """Clients sampled each round: federation.clients_per_round, 0 meaning all."""
+    return cfg["federation"]["clients_per_round"] or cfg["split"]["num_clients"]
+
+
+def auto_share(gpus: int, clients: int) -> float:
+    """``gpus`` GPUs divided among ``clients`` actors, at most 1 each, rounded down to
+    Ray's resource step (never below one step)."""
+    share = min(1.0, gpus / max(clients, 1))
+    return max(SHARE_STEP, math.floor(share / SHARE_STEP) * SHARE_STEP)
+
+
+def client_gpu_share(cfg: Mapping[str, Any], gpus: int) -> float:
+    """The GPU share of every client actor: simulation.num_gpus when set (>= 0), else
+    (auto) 0 on ``device: cpu`` or without a GPU, and :func:`auto_share` otherwise."""
+    share = float(cfg["simulation"]["num_gpus"])
+    if share != AUTO_SHARE:
+        return share
+    if cfg["device"] == "cpu" or gpus == 0:
+        return 0.0
+    return auto_share(gpus, clients_a_round(cfg))
+
+
+def check_cuda(device: str, num_gpus: float, gpus: int) -> None:
+    """ConfigError (one line) when ``device: cuda`` cannot reach a GPU: the machine has
+    none, or the clients' share (simulation.num_gpus) is 0, which hides it from them."""
+    if device != "cuda":
+        return
+    if gpus == 0:
+        raise ConfigError(
+            "config key 'device': 'cuda', but torch sees no CUDA GPU on this machine "
+            "(use device: auto or cpu)"
+        )
+    if num_gpus == 0:
+        raise ConfigError(
+            "config keys 'device' and 'simulation.num_gpus': device 'cuda' with a zero GPU "
+            "share hides the GPU from every client (set simulation.num_gpus > 0, or -1 = auto)"
+        )
+
+
+def check_run_device(cfg: Mapping[str, Any], gpus: int) -> float:
+    """The clients' GPU share of a resolved experiment, after :func:`check_cuda`."""
+    share = client_gpu_share(cfg, gpus)
+    check_cuda(cfg["device"], share, gpus)
+    return share
+
+
+def refuse_cuda_early(path: str, sets: list[str]) -> None:
+    """Before any process starts: the experiment file plus ``--set`` overrides, when they
+    ask for ``device: cuda``, must find a GPU and a nonzero share (no torch import
+    otherwise; values of a wrong type are left to the full check)."""
+    raw = deep_merge(read_yaml(path), parse_overrides(list(sets)))
+    if raw.get("device") != "cuda":
+        return
+    sim = raw.get("simulation")
+    share = sim.get("num_gpus", AUTO_SHARE) if isinstance(sim, Mapping) else AUTO_SHARE
+    if not isinstance(share, (int, float)) or isinstance(share, bool):
+        share = AUTO_SHARE
+    check_cuda("cuda", float(share), gpu_count())
