@@ -17,36 +17,38 @@ import torch.nn.functional as F
 from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.losses import proximal_term
-from tasks.train import cycled_batch, set_lr, step_batches
+from tasks.train import cycled_batch, running_sum, set_lr, step_batches
 
 
 class PseudoLabelStats:
     """Counts for mask rate and pseudo-label accuracy against the hidden labels.
 
-    Without labels (a node's own images) only the mask rate is reported.
+    Without labels (a node's own images) only the mask rate is reported. The counts stay
+    on the device until :meth:`metrics` reads them (no host sync per step).
     """
 
     def __init__(self, labels_known: bool = True) -> None:
-        self.seen = self.kept = self.kept_correct = self.correct = 0
+        self.seen = 0
+        self.counts: torch.Tensor | None = None  # kept, kept and right, right
         self.labels_known = labels_known
 
     def update(
         self, logits_weak: torch.Tensor, mask: torch.Tensor, true_y: torch.Tensor | None
     ) -> None:
         kept = mask.bool()
-        self.seen += int(mask.numel())
-        self.kept += int(kept.sum())
-        if true_y is None:
-            return
-        right = logits_weak.detach().argmax(dim=1) == true_y
-        self.kept_correct += int((right & kept).sum())
-        self.correct += int(right.sum())
+        self.seen += mask.numel()
+        right = kept.new_zeros(kept.shape)
+        if true_y is not None:
+            right = logits_weak.detach().argmax(dim=1) == true_y
+        step = torch.stack([kept.sum(), (right & kept).sum(), right.sum()])
+        self.counts = step if self.counts is None else self.counts + step
 
     def metrics(self) -> dict[str, float]:
-        out = {"mask_rate": self.kept / max(self.seen, 1)}
+        kept, kept_correct, correct = [0, 0, 0] if self.counts is None else self.counts.tolist()
+        out = {"mask_rate": kept / max(self.seen, 1)}
         if self.labels_known:
-            out["pseudo_label_accuracy"] = self.kept_correct / max(self.kept, 1)
-            out["pseudo_label_accuracy_all"] = self.correct / max(self.seen, 1)
+            out["pseudo_label_accuracy"] = kept_correct / max(kept, 1)
+            out["pseudo_label_accuracy_all"] = correct / max(self.seen, 1)
         return out
 
 
@@ -83,7 +85,7 @@ class ConsistencyClient(ClientHalf):
         opt = self.optimizer()
         mu = ccfg["proximal_mu"]
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
-        stats, total, steps = PseudoLabelStats(d.true_y is not None), 0.0, 0
+        stats, total, steps = PseudoLabelStats(d.true_y is not None), running_sum(d.x.device), 0
         round_steps = self.round_steps()
         self.model.train()
         batches = step_batches(
@@ -103,6 +105,10 @@ class ConsistencyClient(ClientHalf):
             loss.backward()
             opt.step()
             stats.update(logits_weak, mask, None if d.true_y is None else d.true_y[idx])
-            total += float(loss.detach())
+            total += loss.detach().double()
             steps += 1
-        return {"train_loss": total / max(steps, 1), "local_steps": steps, **stats.metrics()}
+        return {
+            "train_loss": float(total) / max(steps, 1),
+            "local_steps": steps,
+            **stats.metrics(),
+        }

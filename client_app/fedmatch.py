@@ -35,7 +35,7 @@ from tasks.decompose import (
 from tasks.fedmatch import agreement_labels, inter_client_kl
 from tasks.models import model_for
 from tasks.sparse import decode, encode_changes, payload_arrays, payload_from
-from tasks.train import cycled_batch, make_sgd, minibatches
+from tasks.train import cycled_batch, make_sgd, minibatches, running_sum
 
 STATE_KEY = "fedmatch"
 
@@ -87,11 +87,12 @@ class FedMatchClient(ClientHalf):
         self.helpers = self.decode_helpers(arrays_of(self.content, "helpers"))
 
     def decode_helpers(self, arrays: dict[str, np.ndarray]) -> list[torch.Tensor]:
-        """Helpers' unlabeled parts, sparse against the received one (eq. 1: frozen)."""
+        """Helpers' unlabeled parts, sparse against the received one (eq. 1: frozen), decoded
+        once and kept on the training device for every forward of the round."""
         count = len(self.config["helpers"]) if "helpers" in self.config else 0
         ref = self.received[self.model.unlabeled_part]
         n = self.model.numel()
-        return [decode(ref, payload_from(arrays, f"h{j}"), n) for j in range(count)]
+        return [decode(ref, payload_from(arrays, f"h{j}"), n).to(self.device) for j in range(count)]
 
     # ----- Training -------------------------------------------------------------------
     def sgd(self, part: str) -> torch.optim.SGD:
@@ -109,7 +110,8 @@ class FedMatchClient(ClientHalf):
         unlabeled = model.unlabeled_part
         opt_u = self.sgd(unlabeled)
         opt_s = self.sgd("sigma") if model.decomposed else opt_u
-        counts = np.zeros(4)  # seen, confident, confident and right, loss sum
+        seen = kept = 0
+        sums = running_sum(self.device).expand(2).clone()  # confident and right, loss
         steps = 0
         model.train()
         algo = self.algo
@@ -125,11 +127,12 @@ class FedMatchClient(ClientHalf):
             if len(d.labeled_x):
                 self.sigma_step(opt_s, steps)
             true_y = None if d.true_y is None else d.true_y[idx]
-            counts += self.unlabeled_step(opt_u, d.x[idx], views, true_y)
+            confident, step_sums = self.unlabeled_step(opt_u, d.x[idx], views, true_y)
+            seen, kept, sums = seen + len(idx), kept + confident, sums + step_sums
             steps += 1
         if model.decomposed:
             model.prune_psi(self.algo["l1_threshold"])
-        seen, kept, right, loss = counts
+        right, loss = sums.tolist()
         known = {} if d.true_y is None else {"pseudo_label_accuracy": right / max(kept, 1)}
         return {
             "train_loss": loss / max(steps, 1),
@@ -160,11 +163,14 @@ class FedMatchClient(ClientHalf):
         xb: torch.Tensor,
         views: torch.Tensor,
         true_y: torch.Tensor | None,
-    ) -> np.ndarray:
-        """Eq. 5 on one unlabeled batch, sigma frozen; returns the batch's counts.
+    ) -> tuple[int, torch.Tensor]:
+        """Eq. 5 on one unlabeled batch, sigma frozen; returns how many samples were
+        confident and, on the device (float64), how many of those were right and the loss.
 
         ``views`` are the batch's RandAugment views pi(u), drawn ahead for the whole
-        group (tasks.augment.augment_grouped); the confident ones are trained on.
+        group (tasks.augment.augment_grouped); the confident ones are trained on. They are
+        picked by index (one host sync a step, not a mask multiply): the forward on them
+        alone sets BatchNorm's batch statistics, which a mask would change.
 
         ``true_y`` (hidden labels, for the diagnostics only) is None on a node that has
         unlabeled images alone."""
@@ -178,19 +184,20 @@ class FedMatchClient(ClientHalf):
             loss = decomposition_penalty(
                 model.params("sigma"), model.params("psi"), algo["lambda_l1"], algo["lambda_l2"]
             )
-        right = 0
+        right = torch.zeros((), dtype=torch.int64, device=xb.device)
         if sel.numel():
             xs = xb[sel]
             helper_probs = [torch.softmax(model.forward_with(h, xs), dim=1) for h in self.helpers]
             labels = agreement_labels(probs[sel], helper_probs)
             loss = loss + algo["lambda_a"] * F.cross_entropy(model(views[sel]), labels)
             loss = loss + algo["lambda_i"] * inter_client_kl(helper_probs, logits[sel])
-            right = 0 if true_y is None else int((labels == true_y[sel]).sum())
+            if true_y is not None:
+                right = (labels == true_y[sel]).sum()
         if loss.requires_grad:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        return np.array([len(xb), sel.numel(), right, float(loss.detach())])
+        return sel.numel(), torch.stack([right.double(), loss.detach().double()])
 
     # ----- Sending --------------------------------------------------------------------
     def reply_arrays(self) -> dict[str, ArrayRecord]:

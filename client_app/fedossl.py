@@ -278,7 +278,7 @@ class FedoSSLClient(ClientHalf):
         opt = self.optimizer()
         lab, unl = self.batch_sizes()
         round_steps = self.round_steps(len(d.x))
-        totals = torch.zeros(len(names))
+        totals = torch.zeros(len(names), device=d.x.device)
         steps = 0
         self.model.train()
         batches = step_batches(len(d.x), unl, self.generator, ccfg["epochs"], ccfg["local_steps"])
@@ -290,7 +290,7 @@ class FedoSSLClient(ClientHalf):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            totals += torch.stack([t.detach().float() for t in terms]).cpu()
+            totals += torch.stack([t.detach().float() for t in terms])
             steps += 1
         mean = (totals / max(steps, 1)).tolist()
         return {**dict(zip(names, mean)), "margin": start.margin, "local_steps": steps}

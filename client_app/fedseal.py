@@ -23,7 +23,7 @@ from tasks.selfensemble import (
     positive_set,
     update_ensemble,
 )
-from tasks.train import minibatches, predict_logits
+from tasks.train import minibatches, predict_logits, running_sum
 
 STATE_KEY = "fedseal"
 
@@ -98,7 +98,7 @@ class FedSEALClient(ClientHalf):
         mu = ccfg["proximal_mu"]
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
         self.model.train()
-        total, steps = 0.0, 0
+        total, steps = running_sum(d.x.device), 0
         for _ in range(ccfg["epochs"]):
             batches = [
                 idx.to(d.x.device)
@@ -120,9 +120,9 @@ class FedSEALClient(ClientHalf):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                total += float(loss.detach())
+                total += loss.detach().double()
                 steps += 1
-        return total, steps
+        return float(total), steps
 
 
 def accuracy_on(correct: torch.Tensor, mask: torch.Tensor) -> float:

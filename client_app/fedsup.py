@@ -62,7 +62,7 @@ class FedSupClient(ClientHalf):
         opt = self.optimizer()
         scale = mse_weight(self.algo["lambda_s"], self.round, self.cfg["rounds"])
         round_steps = self.round_steps()
-        totals = torch.zeros(3)
+        totals = torch.zeros(3, device=d.x.device)
         steps = 0
         self.model.train()
         batches = step_batches(
@@ -75,7 +75,7 @@ class FedSupClient(ClientHalf):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            totals += torch.stack([loss.detach(), l_con.detach(), l_mse.detach()]).cpu()
+            totals += torch.stack([loss.detach(), l_con.detach(), l_mse.detach()]).float()
             steps += 1
         mean = (totals / max(steps, 1)).tolist()
         return {

@@ -18,7 +18,7 @@ from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.models import ssl_outputs
 from tasks.ssl import ema_update, nt_xent, symmetric_negative_cosine
-from tasks.train import set_lr, step_batches
+from tasks.train import running_sum, set_lr, step_batches
 
 
 class SSLClient(ClientHalf):
@@ -38,7 +38,7 @@ class SSLClient(ClientHalf):
         _, strong = self.augmenters()
         opt = self.optimizer()
         round_steps = self.round_steps()
-        total, steps = 0.0, 0
+        total, steps = running_sum(d.x.device), 0
         self.model.train()
         batches = step_batches(
             len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
@@ -51,9 +51,9 @@ class SSLClient(ClientHalf):
             loss.backward()
             opt.step()
             self.after_step()
-            total += float(loss.detach())
+            total += loss.detach().double()
             steps += 1
-        return {"train_loss": total / max(steps, 1), "local_steps": steps}
+        return {"train_loss": float(total) / max(steps, 1), "local_steps": steps}
 
     def outputs(self, model: nn.Module, view1: torch.Tensor, view2: torch.Tensor):
         """The SSL outputs of both views in one forward pass, split back into two."""

@@ -68,7 +68,7 @@ from tasks.openworld import (
 )
 from tasks.partition import class_roles
 from tasks.pretrain import cached_pretrain, settings_from, simclr_pretrain
-from tasks.train import derive_seed, seeded, to_float
+from tasks.train import autocast, derive_seed, seeded, to_float
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,8 @@ class SimCLRStart(NoTrainer):
             "simclr": asdict(self.settings),
             "views": [algo["randaugment_n"], algo["randaugment_m"], cfg["augment"]["weak_shift"]],
             "device": self.server.device.type,
+            # Only when on, so that the float32 stages kept before amp existed stay valid.
+            **({"amp": cfg["train"]["amp"]} if cfg["train"]["amp"] != "off" else {}),
         }
 
     def bootstrap(self) -> None:
@@ -185,7 +187,8 @@ class SimCLRStart(NoTrainer):
         )
 
     def _pretrain(self, pool: np.ndarray) -> list[float]:
-        """SimCLR on the images ``pool`` indexes, with the strong views of the run."""
+        """SimCLR on the images ``pool`` indexes, with the strong views of the run (under
+        bf16 autocast when train.amp is bf16)."""
         s, cfg = self.server, self.server.cfg
         algo, ds = cfg["algo"], s.dataset
         augment = StrongAugment(
@@ -197,7 +200,7 @@ class SimCLRStart(NoTrainer):
             cfg["augment"]["weak_shift"],
         ).to(s.device)
         images = to_float(ds.train_x[pool], s.device)
-        with seeded(derive_seed(cfg["seed"], "pretrain")) as generator:
+        with seeded(derive_seed(cfg["seed"], "pretrain")) as generator, autocast(cfg, s.device):
             return simclr_pretrain(s.model, images, augment, self.settings, generator)
 
     def train(self, server_round: int) -> Metrics:

@@ -28,7 +28,7 @@ from tasks.augment import grouped_views
 from tasks.models import embedding, head_of, mlp
 from tasks.partition import split_cache_dir
 from tasks.ssl import nt_xent
-from tasks.train import make_sgd, set_lr, step_batches
+from tasks.train import make_sgd, running_sum, set_lr, step_batches
 
 # Bumped whenever the pretraining's arithmetic changes, so no stale encoder is reused.
 PRETRAIN_VERSION = 1
@@ -77,7 +77,7 @@ def simclr_pretrain(
     for _ in range(settings.epochs):
         batches = step_batches(len(images), settings.batch_size, generator, 1)
         batches = (idx.to(device) for idx in batches)
-        running = 0.0
+        running = running_sum(device)
         for _, (view1, view2) in grouped_views(images, batches, (augment, augment)):
             z = projector(embedding(model, torch.cat([view1, view2])))
             loss = nt_xent(*z.chunk(2), settings.temperature)
@@ -85,9 +85,9 @@ def simclr_pretrain(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            running += float(loss.detach())
+            running += loss.detach().double()
             step += 1
-        losses.append(running / per_epoch)
+        losses.append(float(running) / per_epoch)
     return losses
 
 
