@@ -1,0 +1,51 @@
+"""scripts/gpu-check.sh --cpu: every step of the GPU check at tiny sizes on the CPU, and the
+fields of the one JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+STEPS = ("environment", "methods", "training_step", "round", "cifar")
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
+    out = tmp_path / "check.json"
+    cmd = ["bash", "scripts/gpu-check.sh", "--cpu", "--methods", "fedavg_fixmatch,fedmatch"]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    report = json.loads(out.read_text())
+    steps = report["steps"]
+    assert proc.returncode == 0 and report["ok"], proc.stdout[-3000:]
+    assert report["mode"] == "cpu" and tuple(steps) == STEPS
+    assert all(f"gpu-check: {name}: ok in " in proc.stdout for name in STEPS)
+    assert steps["environment"]["torch"] and steps["environment"]["cuda_available"] in (True, False)
+    methods = steps["methods"]
+    assert methods["ok"] == methods["of"] == 2 and methods["gpu_share"] == 0.0
+    for run in methods["runs"].values():
+        assert run["status"] == "ok" and len(run["round_seconds"]) == 2
+        assert run["devices"]["server"] == "cpu"
+        assert set(run["devices"]["clients"].values()) == {"cpu"}
+    for case in steps["training_step"]["cases"]:
+        assert case["client_images_per_s"] > 0 and case["bare_images_per_s"] > 0
+        assert case["ratio"] == pytest.approx(
+            case["client_images_per_s"] / case["bare_images_per_s"], rel=0.01
+        )
+    assert {c["model"] for c in steps["training_step"]["cases"]} == {"small_cnn", "resnet18"}
+    assert len(steps["round"]["round_seconds"]) == 3 and steps["round"]["clients"] == 3
+    assert len(steps["cifar"]["round_seconds"]) == 2 and steps["cifar"]["test_images"] == 100
+    assert all(step["seconds"] > 0 for step in steps.values())
