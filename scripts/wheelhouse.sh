@@ -77,8 +77,18 @@ elif [ "$TORCH" = cuda ] && [ -n "${SSFL_TORCH_INDEX:-}" ]; then
   INDEX=(--extra-index-url "$SSFL_TORCH_INDEX")
 fi
 
+# pip takes a --platform tag literally: a manylinux_2_28 machine also runs the older glibc tags.
+ARCH=${PLATFORM#manylinux_2_28_}
+PLATFORMS=()
+for glibc in $(seq 28 -1 5); do
+  PLATFORMS+=(--platform "manylinux_2_${glibc}_$ARCH")
+done
+for legacy in manylinux2014 manylinux2010 manylinux1; do
+  PLATFORMS+=(--platform "${legacy}_$ARCH")
+done
+
 mkdir -p "$DIR"
 "$PYTHON" -m pip download -q --dest "$DIR" --only-binary=:all: \
-  --python-version "$PY_VERSION" --platform "$PLATFORM" "${INDEX[@]}" "${TORCH_REQS[@]}" "${PROJECT_REQS[@]}"
+  --python-version "$PY_VERSION" "${PLATFORMS[@]}" "${INDEX[@]}" "${TORCH_REQS[@]}" "${PROJECT_REQS[@]}"
 echo "$TORCH" >"$DIR/ssfl-torch.txt"
 echo "wheelhouse.sh: $(ls "$DIR"/*.whl | wc -l) wheels for Python $PY_VERSION on $PLATFORM (torch: $TORCH) in $DIR"
