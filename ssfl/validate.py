@@ -101,18 +101,18 @@ def real_sized_dataset(cfg: dict[str, Any]) -> tuple[Dataset, bool]:
         return stand_in_dataset(request.name), True
 
 
-def client_model_and_optimizer(cfg: dict[str, Any], dataset: Dataset) -> torch.nn.Module | None:
-    """The model and SGD a client of the method builds in its first round (None: no clients),
-    built through the client half's own ``build_model`` and ``optimizer``."""
+def build_client_half(cfg: dict[str, Any], dataset: Dataset) -> None:
+    """Build the model and SGD a client of the method builds in its first round (nothing for
+    a method without clients), through the client half's own ``build_model`` and
+    ``optimizer``, without a Flower message or a partition."""
     cls = method(cfg["method"]).client_half()
     if cls is None:
-        return None
+        return
     client = cls.__new__(cls)
     client.cfg, client.algo, client.data = cfg, cfg["algo"], dataset
     client.device, client.state, client.lr = torch.device("cpu"), {}, cfg["client"]["lr"]
     client.model = client.build_model()
     client.optimizer()
-    return client.model
 
 
 def server_model_and_optimizer(
@@ -153,7 +153,7 @@ def check_experiment(path: str | Path) -> Checked:
         dataset, stand_in = real_sized_dataset(cfg)
         split = make_split(dataset, cfg["split"], cfg["seed"])
         model = server_model_and_optimizer(cfg, dataset, split)
-        client_model_and_optimizer(cfg, dataset)
+        build_client_half(cfg, dataset)
     except ConfigError as err:
         return Checked(str(path), error=str(err))
     except (OSError, ValueError, RuntimeError, TypeError, KeyError) as err:

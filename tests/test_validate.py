@@ -8,7 +8,7 @@ import pytest
 
 from ssfl.cli import main
 from ssfl.validate import REAL_CLASS_COUNTS, check_experiment, stand_in_dataset
-from tasks.data import DATASET_INFO
+from tasks.data import DATASET_INFO, DATASETS
 from tests.conftest import ROOT
 
 EXPERIMENTS = sorted((ROOT / "experiments").rglob("*.yaml"))
@@ -33,6 +33,11 @@ def test_real_counts_of_the_known_sets_add_up_to_their_published_sizes():
     assert sizes["cifar10"] == (50_000, 10_000)
     assert sizes["fashion_mnist"] == sizes["mnist"] == (60_000, 10_000)
     assert sizes["svhn"] == (73_257, 26_032)
+
+
+def test_every_registered_dataset_but_the_synthetic_ones_has_real_counts():
+    synthetic = {name for name in DATASETS if name.startswith("synthetic")}
+    assert set(REAL_CLASS_COUNTS) == set(DATASETS) - synthetic
 
 
 def test_a_split_too_large_for_the_real_dataset_fails_with_one_line(tmp_path, capsys):
