@@ -64,17 +64,16 @@ if [ "$PRINT_CHOICE" = 1 ]; then
   exit 0
 fi
 
-if [ "$CHOICE" = system ]; then
-  "$PYTHON" -c "import torch, torchvision" 2>/dev/null ||
-    die "SSFL_TORCH=system: $PYTHON cannot import torch and torchvision; install them there or use SSFL_TORCH=cpu|cuda"
-fi
-
 if [ ! -x .venv/bin/python ]; then
   if [ "$CHOICE" = system ]; then
     "$PYTHON" -m venv --system-site-packages .venv
   else
     "$PYTHON" -m venv .venv
   fi
+fi
+if [ "$CHOICE" = system ]; then
+  .venv/bin/python -c "import torch, torchvision" 2>/dev/null ||
+    die "SSFL_TORCH=system: .venv cannot import torch and torchvision; install them for $PYTHON (a fresh .venv sees its packages) or use SSFL_TORCH=cpu|cuda"
 fi
 . .venv/bin/activate
 

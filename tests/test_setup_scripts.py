@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,14 +27,16 @@ def fake_nvidia_smi(folder: Path, output: str, code: int = 0) -> Path:
     return folder
 
 
-def run(script: Path, *args: str, path: str, **env: str) -> subprocess.CompletedProcess:
+def run(
+    script: Path, *args: str, path: str, timeout: float = 30, **env: str
+) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "SSFL_TORCH"}
     return subprocess.run(
         ["bash", str(script), *args],
         env={**base, "PATH": path, **env},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
     )
 
 
@@ -98,3 +101,26 @@ def test_bad_input_is_one_line_and_exit_2(bare_path, script, args, env, message)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and message in done.stderr
     assert not done.stdout
+
+
+def test_system_without_a_torch_to_reuse_is_one_line_and_exit_2(tmp_path, bare_path):
+    """A copy of the script in a bare folder: the .venv it makes sees no torch."""
+    base = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    python = Path(base) / "bin" / "python3"
+    if subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("the base interpreter has torch: setup would install from it")
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "setup.sh"
+    script.write_text(SETUP.read_text())
+    done = run(script, path=bare_path, timeout=300, SSFL_TORCH="system", PYTHON=str(python))
+    assert done.returncode == 2
+    assert done.stderr.startswith("setup.sh: SSFL_TORCH=system: .venv cannot import torch")
+    assert done.stderr.count("\n") == 1
+    assert (
+        (tmp_path / ".venv" / "pyvenv.cfg").read_text().count("include-system-site-packages = true")
+    )
