@@ -103,7 +103,7 @@ case "$CHOICE" in
     "${PIP[@]}" ${SSFL_TORCH_INDEX:+--extra-index-url "$SSFL_TORCH_INDEX"} \
       "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
     python -c "import sys, torch; sys.exit(torch.version.cuda is None)" ||
-      die "SSFL_TORCH=cuda: pip installed a CPU build of torch; set SSFL_TORCH_INDEX to a CUDA index" 1
+      die "SSFL_TORCH=cuda: .venv holds a CPU build of torch; remove .venv, or set SSFL_TORCH_INDEX to a CUDA index" 1
     "${PIP[@]}" -e ".[test]"
     ;;
   system)
