@@ -8,7 +8,8 @@ import pytest
 
 from ssfl.cli import main
 from ssfl.validate import REAL_CLASS_COUNTS, check_experiment, stand_in_dataset
-from tasks.data import DATASET_INFO, DATASETS
+from tasks.config import ConfigError
+from tasks.data import DATASET_INFO, DATASETS, DatasetRequest, load_dataset
 from tests.conftest import ROOT
 
 EXPERIMENTS = sorted((ROOT / "experiments").rglob("*.yaml"))
@@ -88,3 +89,14 @@ def test_every_shipped_experiment_validates_at_real_sizes(capsys):
     by_path = {r.path: r.summary for r in results}
     cifar = str(ROOT / "experiments/cifar10-fedsup/fedsup.yaml")
     assert "(100 clients, 45000 client images" in by_path[cifar]
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist", "mnist"])
+def test_real_counts_are_those_of_the_real_files(data_dir, name):
+    try:
+        ds = load_dataset(DatasetRequest(name, str(data_dir)))
+    except ConfigError as err:
+        pytest.skip(str(err))
+    train_counts, test_counts = REAL_CLASS_COUNTS[name]
+    assert np.bincount(ds.train_y.numpy()).tolist() == list(train_counts)
+    assert np.bincount(ds.test_y.numpy()).tolist() == list(test_counts)
