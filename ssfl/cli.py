@@ -161,6 +161,17 @@ def cmd_sanity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from ssfl.validate import check_experiment
+
+    passed = True
+    for path in args.experiments:
+        result = check_experiment(path)
+        print(result.line(), flush=True)
+        passed = passed and result.ok
+    return 0 if passed else 2
+
+
 def add_experiment_args(parser: argparse.ArgumentParser) -> None:
     """The arguments ``run`` and ``deploy-local`` share (and mean the same in both)."""
     parser.add_argument(
@@ -277,6 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     san.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a part")
     san.set_defaults(func=cmd_sanity)
+
+    val = sub.add_parser(
+        "validate",
+        help="build each experiment's split, model and optimizers at its dataset's real sizes "
+        "without training; one line each, exit 2 when any fails",
+    )
+    val.add_argument("experiments", nargs="+", help="experiment YAMLs")
+    val.set_defaults(func=cmd_validate)
     return parser
 
 
