@@ -169,7 +169,7 @@ class Recorder:
 
 
 # What every results.json holds (tables and plots read these).
-RESULTS_KEYS = ("method", "rounds", "split", "final_test_accuracy", "best_test_accuracy")
+RESULTS_KEYS = ("method", "rounds")
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
@@ -259,13 +259,13 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     )
     lines = [head, "|" + "---|" * 10]
     for res in runs:
-        rows = res["rounds"]
+        rows, split = res["rounds"], res.get("split", {})
         mb = sum(r.get("bytes_c2s", 0) for r in rows) / max(len(rows), 1) / 1e6
         lines.append(
-            f"| {run_label(res)} | {res['method']} | {res['dataset']} | "
-            f"{res['split'].get('partitioner', '')} | {res['split'].get('noniid_r', 0):.3f} | "
-            f"{len(rows)} | {cell(res['final_test_accuracy'])} | "
-            f"{cell(res['best_test_accuracy'])} | {cell(res.get('wall_seconds'), '.0f')} | "
+            f"| {run_label(res)} | {res['method']} | {res.get('dataset', '')} | "
+            f"{split.get('partitioner', '')} | {split.get('noniid_r', 0):.3f} | "
+            f"{len(rows)} | {cell(res.get('final_test_accuracy'))} | "
+            f"{cell(res.get('best_test_accuracy'))} | {cell(res.get('wall_seconds'), '.0f')} | "
             f"{mb:.2f} |"
         )
     return "\n".join(lines)
