@@ -143,3 +143,10 @@ def test_version_names_ssfl_flower_and_torch(capsys):
     assert stop.value.code == 0
     out = capsys.readouterr().out.strip()
     assert out == f"ssfl {version('ssfl')}, flwr {version('flwr')}, torch {version('torch')}"
+
+
+def test_reproduce_finds_its_cells_from_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "fedseal-table1", "--out", "table", "--no-run"]) == 0
+    assert "| FedSEAL |" in capsys.readouterr().out
+    assert (tmp_path / "table" / "table.md").is_file()
