@@ -1,5 +1,6 @@
 """ServerApp: read the experiment, build the server's data and model, run the strategy; a
-checkpoint after every round in the output folder, resumed from with run-config resume.
+checkpoint after every round in the output folder, resumed from with run-config resume;
+the final global model in OUT/model.pt (tasks.export).
 results.json's ``timeline`` holds when each start-up stage ended (wall-clock seconds)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ssfl.registry import method
 from strategies.loop import RunStalled
 from strategies.parts import ServerSide
 from tasks.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from tasks.export import MODEL_FILE, save_model
 from tasks.partition import get_split
 from tasks.results import Recorder
 from tasks.train import keep_freed_memory, resolve_device
@@ -44,6 +46,8 @@ def main(grid: Grid, context: Context) -> None:
     try:
         strategy.start(grid, num_rounds=cfg["rounds"], timeout=cfg["federation"]["timeout_s"])
     except RunStalled as err:
+        save_model(server.model, cfg, dataset, recorder.rows, out / MODEL_FILE)
         recorder.finish(failure=str(err))
         raise
+    save_model(server.model, cfg, dataset, recorder.rows, out / MODEL_FILE)
     recorder.finish()

@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import check_data, check_resumable, default_out, resolve_experiment
+from ssfl.experiment import (
+    check_data,
+    check_resumable,
+    default_out,
+    read_experiment,
+    resolve_experiment,
+)
 from tasks.config import ConfigError
 
 
@@ -31,6 +37,18 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     return cfg, out
 
 
+def precheck(args: argparse.Namespace) -> None:
+    """Fail on a bad experiment before any process starts: the file, its text and its method
+    always; the whole config too when --set swaps the method (that needs torch, else
+    imported while the SuperLink boots)."""
+    from tasks.config import parse_overrides
+
+    raw = read_experiment(args.experiment)
+    swapped = parse_overrides(args.set or []).get("method", raw["method"])
+    if swapped != raw["method"]:
+        resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
+
+
 def report(results: dict[str, Any], out: Path) -> None:
     print(
         f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
@@ -41,13 +59,18 @@ def report(results: dict[str, Any], out: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ssfl.gpu import refuse_cuda_early
+    from ssfl.progress import check_loggers
     from ssfl.runner import LocalSuperLink, RunFailed, run_simulation
 
+    loggers = check_loggers(args.log or [])
+    precheck(args)
     refuse_cuda_early(args.experiment, args.set or [])  # before any process starts
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:
         cfg, out = prepare(args)
-        results = run_simulation(cfg, out, stream=not args.quiet, resume=args.resume, link=link)
+        results = run_simulation(
+            cfg, out, stream=not args.quiet, resume=args.resume, link=link, loggers=loggers
+        )
     except RunFailed as err:
         print(f"ssfl: run failed: {err}", file=sys.stderr)
         return 1
@@ -97,9 +120,12 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from tasks.results import load_results, markdown_table, plot_curves
+    from tasks.results import check_metric, load_results, markdown_table, plot_curves
 
     runs = [load_results(p) for p in args.runs]
+    lacking = check_metric(runs, args.metric)
+    if lacking:
+        print(f"ssfl: {', '.join(lacking)} record no {args.metric}: not plotted", file=sys.stderr)
     print(markdown_table(runs))
     plot = Path(args.plot)
     plot_curves(runs, plot, metric=args.metric)
@@ -172,6 +198,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if passed else 2
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ssfl.evaluate import evaluate_run, report_lines
+
+    run_dir = Path(args.run_dir)
+    metrics = evaluate_run(run_dir, args.dataset, args.split)
+    recorded = metrics["recorded"]
+    print(
+        f"ssfl: the model of {run_dir} after round {metrics['round']} on {metrics['images']} "
+        f"{args.split} images (the run's final test accuracy: "
+        f"{'none' if recorded is None else f'{recorded:.4f}'})",
+        file=sys.stderr,
+    )
+    print("\n".join(report_lines(metrics, args.split)))
+    return 0
+
+
 def add_experiment_args(parser: argparse.ArgumentParser) -> None:
     """The arguments ``run`` and ``deploy-local`` share (and mean the same in both)."""
     parser.add_argument(
@@ -199,14 +241,34 @@ def add_experiment_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def versions() -> str:
+    """ssfl's, Flower's and torch's installed versions (read without importing them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"ssfl {of('ssfl')}, flwr {of('flwr')}, torch {of('torch')}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ssfl.reproduce import TABLES
 
     parser = argparse.ArgumentParser(prog="ssfl", description=__doc__)
+    parser.add_argument("--version", action="version", version=versions())
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment YAML in Flower's simulation engine")
     add_experiment_args(run)
+    run.add_argument(
+        "--log",
+        action="append",
+        metavar="tensorboard",
+        help="also log every per-round metric for TensorBoard into OUT/tensorboard/",
+    )
     run.set_defaults(func=cmd_run)
 
     dep = sub.add_parser(
@@ -265,6 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
     swp.add_argument("--rounds", type=int, help="rounds of every cell (default: the experiment's)")
     swp.set_defaults(func=cmd_sweep)
+
+    evl = sub.add_parser(
+        "evaluate", help="evaluate a run's kept model (OUT/model.pt); last line: test_accuracy="
+    )
+    evl.add_argument("run_dir", help="the run's output folder (its --out)")
+    evl.add_argument("--dataset", help="the same split of another dataset, e.g. mnist")
+    evl.add_argument(
+        "--split", default="test", help="test (default), val or labeled: the server's image sets"
+    )
+    evl.set_defaults(func=cmd_evaluate)
 
     san = sub.add_parser(
         "sanity",

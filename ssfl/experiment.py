@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ssfl.registry import method
+from ssfl.registry import METHODS, method
 from tasks.config import (
     DEFAULTS,
     ConfigError,
@@ -24,6 +24,9 @@ from tasks.config import (
     resolve,
 )
 from tasks.results import completed, load_results
+
+# The installed app: its shipped experiments are found from any folder.
+APP_DIR = Path(__file__).resolve().parents[1]
 
 # Client options a client half may leave out of its ``honours`` set, with the value
 # that means "off": any other value is refused for such a method.
@@ -96,17 +99,86 @@ def check_client_options(name: str, cfg: Mapping[str, Any], client: Any) -> None
             )
 
 
+def find_experiment(path: str | Path) -> Path:
+    """The experiment file ``path`` names: as given (relative to the current folder), else a
+    shipped one: relative to the installed app, or to its experiments/ folder, ``.yaml``
+    optional (``fmnist-las/fedseal``). A folder is a one-line ConfigError listing its YAMLs."""
+    given = Path(path)
+    candidates = [given]
+    if not given.is_absolute():
+        bases = (APP_DIR / given, APP_DIR / "experiments" / given)
+        candidates += [c for base in bases for c in (base, base.with_name(base.name + ".yaml"))]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is not None:
+        return found
+    folder = next((c for c in candidates if c.is_dir()), None)
+    if folder is not None:
+        names = ", ".join(sorted(f.name for f in folder.glob("*.yaml"))) or "none"
+        raise ConfigError(
+            f"{path} is a folder; give one experiment YAML in it (there: {names}), "
+            f"e.g. ssfl run {given / 'NAME.yaml'}"
+        )
+    raise ConfigError(
+        f"experiment file not found: {path} (neither here nor among the shipped experiments "
+        f"in {APP_DIR / 'experiments'})"
+    )
+
+
+def experiments_of(name: str) -> list[str]:
+    """The shipped experiment files (relative to the app) whose method is ``name``."""
+    found = []
+    for path in sorted((APP_DIR / "experiments").rglob("*.yaml")):
+        try:
+            raw = read_yaml(path)
+        except ConfigError:
+            continue
+        if raw.get("method") == name:
+            found.append(str(path.relative_to(APP_DIR)))
+    return found
+
+
+def method_swap_hint(path: str | Path, own: str, wanted: Any) -> str:
+    """What to say when --set method=``wanted`` on an experiment of method ``own`` fails."""
+    files = experiments_of(str(wanted))
+    shipped = f"its experiments: {', '.join(files)}" if files else "no shipped experiment uses it"
+    return (
+        f"{path} is a {own} experiment and another method means another experiment file "
+        f"(method {wanted!r}: {shipped})"
+    )
+
+
+def read_experiment(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of experiment ``path`` (see :func:`find_experiment`), which must name
+    its method; cheap (no torch), so the command line checks it before starting anything."""
+    raw = read_yaml(find_experiment(path))
+    if "method" not in raw:
+        raise ConfigError(
+            f"{path}: an experiment must name its method, e.g. 'method: fedseal' "
+            f"(known: {', '.join(sorted(METHODS))})"
+        )
+    return raw
+
+
 def resolve_experiment(
     path: str | Path, rounds: int | None = None, nodes: int | None = None, sets: list[str] = ()
 ) -> dict[str, Any]:
-    """YAML + --rounds/--nodes/--set, validated, with the data folder made absolute."""
-    raw = read_yaml(path)
+    """YAML + --rounds/--nodes/--set, validated, with the data folder made absolute.
+
+    The YAML must name its method; when ``--set method=X`` makes it fail, the error says
+    which experiment files exist for X."""
+    raw = read_experiment(path)
+    own = raw["method"]
     if rounds is not None:
         raw = deep_merge(raw, {"rounds": rounds})
     if nodes is not None:
         raw = deep_merge(raw, {"split": {"num_clients": nodes}})
     raw = deep_merge(raw, parse_overrides(list(sets)))
-    cfg = resolve_config(raw)
+    try:
+        cfg = resolve_config(raw)
+    except ConfigError as err:
+        if raw["method"] == own:
+            raise
+        raise ConfigError(f"{err}; {method_swap_hint(path, own, raw['method'])}") from err
     cfg["dataset"]["root"] = str(data_root(cfg))
     return cfg
 

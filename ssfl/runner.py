@@ -411,13 +411,24 @@ def submit_run(
     watch: Callable[[], None] | None = None,
     resume: bool = False,
     client_state: str = "",
+    loggers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``flwr run --stream`` of the app on a SuperLink connection; check the run's real
     status and return its results.json, or raise RunFailed (also when ``watch`` does; with
-    the results' one-line ``failure`` when the run recorded it)."""
+    the results' one-line ``failure`` when the run recorded it). While it runs, each new
+    round of OUT/metrics.jsonl goes to the progress line (``stream``) and the ``loggers``."""
+    from ssfl.progress import follow_run
+
     results = out / "results.json"
     results.unlink(missing_ok=True)  # a previous run's file must not pass for this one's
-    with tempfile.TemporaryDirectory(prefix="ssfl-app-") as stage:
+    follower = follow_run(exp, out, stream, loggers)
+
+    def watch_and_follow() -> None:
+        follower.poll()
+        if watch is not None:
+            watch()
+
+    with tempfile.TemporaryDirectory(prefix="ssfl-app-") as stage, contextlib.closing(follower):
         cmd = [
             flwr_bin("flwr"),
             "run",
@@ -429,7 +440,7 @@ def submit_run(
             "--stream",
         ]
         output = _run_logged(
-            cmd, env, out / "flower.log", echo=stream, watch=watch, done=results.is_file
+            cmd, env, out / "flower.log", echo=stream, watch=watch_and_follow, done=results.is_file
         )
     match = re.search(r"Successfully started run (\d+)", output)
     if not match:
@@ -456,6 +467,7 @@ def run_simulation(
     app_dir: Path = APP_DIR,
     resume: bool = False,
     link: LocalSuperLink | None = None,
+    loggers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run a resolved experiment under ``flwr run``; return its results or raise RunFailed.
 
@@ -483,6 +495,7 @@ def run_simulation(
             watch=link.check,
             resume=resume,
             client_state=str(out / CLIENT_STATE_DIR),
+            loggers=loggers,
         )
     finally:
         link.close(out)
@@ -554,15 +567,20 @@ DONE_GRACE_S = 0.5
 
 
 def _copy_lines(proc: subprocess.Popen, lines: list[str], log_fh: TextIO, echo: bool) -> None:
-    """Keep every output line (but Flower's SIZE_WARNING) in ``lines`` and the log file."""
+    """Keep every output line (but Flower's SIZE_WARNING) in ``lines`` and the log file,
+    without terminal codes; echoed with them only to a terminal."""
+    from ssfl.progress import strip_ansi
+
     assert proc.stdout is not None
+    terminal = sys.stderr.isatty()
     for line in proc.stdout:
-        if SIZE_WARNING in line:
+        plain = strip_ansi(line)
+        if SIZE_WARNING in plain:
             continue
-        lines.append(line)
-        log_fh.write(line)
-        if echo and _worth_echoing(line):
-            sys.stderr.write(line)
+        lines.append(plain)
+        log_fh.write(plain)
+        if echo and _worth_echoing(plain):
+            sys.stderr.write(line if terminal else plain)
             sys.stderr.flush()
 
 
@@ -576,5 +594,13 @@ SIZE_WARNING = "default simulated SuperNodes changed from 10 to 2"
 def _worth_echoing(line: str) -> bool:
     """Progress lines, warnings and errors; not Flower's per-message chatter."""
     keys = ("round ", "WARNING", "ERROR", "Traceback", "Error", "Successfully started run")
-    noise = ("configure_", SIZE_WARNING)
-    return any(k in line for k in keys) and not any(n in line for n in noise)
+    noise = ("configure_", SIZE_WARNING, "checkpoint written")
+    return (
+        any(k in line for k in keys)
+        and not any(n in line for n in noise)
+        and not RECORDED_ROUND.search(line)  # the progress line (ssfl.progress) shows it
+    )
+
+
+# The ServerApp's own line per round (tasks.results.Recorder.add_round).
+RECORDED_ROUND = re.compile(r"\bround \d+/\d+")

@@ -329,7 +329,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path}")
     try:
-        data = load_yaml(path.read_text()) or {}
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+            "save it as UTF-8"
+        ) from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(data, dict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import platform
@@ -10,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from tasks.config import ConfigError
 
 log = logging.getLogger("flwr.ssfl")
 
@@ -68,6 +72,24 @@ def host() -> dict[str, Any]:
     }
 
 
+def csv_value(value: Any) -> Any:
+    """A CSV cell: numbers and text as they are, lists and mappings as JSON."""
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """metrics.csv: one row per round, one column per metric (first seen first; a round
+    without a metric leaves its cell empty), rewritten whole after each round."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: csv_value(v) for k, v in row.items()} for row in rows)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(buffer.getvalue())
+    partial.replace(path)
+
+
 class Recorder:
     """Collects one row per round and writes the run's files into ``out_dir``."""
 
@@ -80,6 +102,8 @@ class Recorder:
         self.started = time.time()
         self.jsonl = self.out_dir / "metrics.jsonl"
         self.jsonl.write_text("")
+        self.csv = self.out_dir / "metrics.csv"
+        self.csv.unlink(missing_ok=True)  # a previous run's rows are not this run's
         # Wall-clock ends of the start-up stages (the ServerApp's), "finished" added last.
         self.timeline: dict[str, float] = {}
         # The server's device and each client's ({"server": "cuda:0", "clients": {...}}).
@@ -91,6 +115,7 @@ class Recorder:
         self.rows.append(row)
         with self.jsonl.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
+        write_csv(self.rows, self.csv)
         tested = (
             f"  test_accuracy {row['test_accuracy']:.4f}  test_loss {row['test_loss']:.4f}"
             if "test_accuracy" in row
@@ -102,6 +127,7 @@ class Recorder:
         """Start from a checkpoint's rows (a resumed run): kept, and metrics.jsonl rewritten."""
         self.rows = [dict(row) for row in rows]
         self.jsonl.write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+        write_csv(self.rows, self.csv)
 
     def results(self, failure: str | None = None) -> dict[str, Any]:
         """The run's record; ``failure``: the one line of a run that stopped (rule 3 of the
@@ -145,14 +171,47 @@ class Recorder:
         return results
 
 
+# What every results.json holds (tables and plots read these).
+RESULTS_KEYS = ("method", "rounds")
+
+
 def load_results(path: str | Path) -> dict[str, Any]:
-    """results.json of a run directory (or the file itself)."""
+    """results.json of a run directory (or the file itself); a one-line ConfigError when it
+    is not JSON or not a run's results."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"no results.json at {path}")
-    return json.loads(path.read_text())
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not a readable results.json ({err}); run it again") from err
+    missing = [k for k in RESULTS_KEYS if not isinstance(results, dict) or k not in results]
+    if missing or not isinstance(results["rounds"], list):
+        what = ", ".join(missing) or "rounds as a list"
+        raise ConfigError(f"{path}: not an ssfl run's results.json (no {what})")
+    return results
+
+
+def check_metric(runs: Sequence[Mapping[str, Any]], metric: str) -> list[str]:
+    """The labels of the runs that lack per-round ``metric``; a one-line ConfigError naming
+    the metrics there are when no run has it."""
+    lacking = [run_label(r) for r in runs if not any(metric in row for row in r["rounds"])]
+    if len(lacking) == len(runs):
+        there = sorted(
+            {
+                k
+                for r in runs
+                for row in r["rounds"]
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "round"
+            }
+        )
+        raise ConfigError(
+            f"--metric {metric}: no run records it per round; choose one of {', '.join(there)}"
+        )
+    return lacking
 
 
 def completed(results: Mapping[str, Any]) -> bool:
@@ -190,6 +249,11 @@ def accuracy_at(results: Mapping[str, Any], rnd: int) -> float | None:
     return next((r.get("test_accuracy") for r in results["rounds"] if r["round"] == rnd), None)
 
 
+def cell(value: float | None, spec: str = ".4f") -> str:
+    """A table cell: the number formatted, "-" when the run has none (a failed run)."""
+    return "-" if value is None else format(value, spec)
+
+
 def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     """One row per run: method, data, rounds, final and best accuracy, time, traffic."""
     head = (
@@ -198,13 +262,14 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
     )
     lines = [head, "|" + "---|" * 10]
     for res in runs:
-        rows = res["rounds"]
-        mb = sum(r["bytes_c2s"] for r in rows) / max(len(rows), 1) / 1e6
+        rows, split = res["rounds"], res.get("split", {})
+        mb = sum(r.get("bytes_c2s", 0) for r in rows) / max(len(rows), 1) / 1e6
         lines.append(
-            f"| {run_label(res)} | {res['method']} | {res['dataset']} | "
-            f"{res['split'].get('partitioner', '')} | {res['split'].get('noniid_r', 0):.3f} | "
-            f"{len(rows)} | {res['final_test_accuracy']:.4f} | {res['best_test_accuracy']:.4f} | "
-            f"{res['wall_seconds']:.0f} | {mb:.2f} |"
+            f"| {run_label(res)} | {res['method']} | {res.get('dataset', '')} | "
+            f"{split.get('partitioner', '')} | {split.get('noniid_r', 0):.3f} | "
+            f"{len(rows)} | {cell(res.get('final_test_accuracy'))} | "
+            f"{cell(res.get('best_test_accuracy'))} | {cell(res.get('wall_seconds'), '.0f')} | "
+            f"{mb:.2f} |"
         )
     return "\n".join(lines)
 

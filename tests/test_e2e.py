@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ssfl.cli import main
 from ssfl.registry import METHODS
 from ssfl.runner import APP_PACKAGES, stage_app
 from tasks.config import deep_merge
@@ -68,7 +69,7 @@ def ssfl_run(experiment, out, *args):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, synthetic_raw):
+def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, synthetic_raw, capsys):
     exp = tmp_path / "exp.yaml"
     raw = {**synthetic_raw, "method": method, "eval": {"local_models": True}}
     if method == "fedsup":  # FedSup 5.1.2's protocols, at the last round
@@ -97,6 +98,11 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
         assert res["split"]["noniid_r"] == 0.0
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and (tmp_path / "out" / "accuracy.png").stat().st_size > 0
+    assert len((tmp_path / "out" / "metrics.csv").read_text().splitlines()) == 3
+    # The kept model gives back the run's final test accuracy (FedoSSL: its acc_all).
+    assert main(["evaluate", str(tmp_path / "out")]) == 0
+    evaluated = capsys.readouterr().out.splitlines()
+    assert evaluated[-1] == f"test_accuracy={res['final_test_accuracy']:.4f}"
     if method == "server_sl":
         assert res["rounds"][-1]["bytes_c2s"] == 0 and "final_local_accuracy" not in res
     else:
