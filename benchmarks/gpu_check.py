@@ -338,7 +338,8 @@ def cifar_cell(ctx: Context) -> dict[str, Any]:
         f"server.batch_size={s.cifar_batch}",
         f"eval.every={s.cifar_rounds}",
     )
-    tiny = () if not ctx.cpu else ("split.labeled_per_class=2", "split.client_size=16")
+    tiny = ("split.labeled_per_class=2", "split.client_size=16", "split.num_clients=3")
+    tiny = tiny if ctx.cpu else ()
     raw = yaml.safe_load((ROOT / "experiments/ssfl-cifar10/crl_gn.yaml").read_text())
     with UtilSampler(not ctx.cpu) as sampler:
         result = ssfl_run(raw, ctx.work / "cifar", ctx.budget, sets + tiny)
