@@ -95,8 +95,8 @@ GPU = Sizes(
     cifar_rounds=3,
     cifar_steps=16,
     cifar_batch=64,
-    budgets={"environment": 20, "methods": 250, "training_step": 60, "round": 50, "cifar": 90},
-    jobs=2,
+    budgets={"environment": 20, "methods": 240, "training_step": 40, "round": 75, "cifar": 95},
+    jobs=4,  # an H200 box has 16 cores: four runs start at once (each ~55 s of start-up)
 )
 CPU = Sizes(
     train_images=300,

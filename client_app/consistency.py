@@ -89,9 +89,13 @@ class ConsistencyClient(ClientHalf):
         round_steps = self.round_steps()
         self.model.train()
         batches = step_batches(
-            len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
+            len(d.x),
+            ccfg["batch_size"],
+            self.generator,
+            ccfg["epochs"],
+            ccfg["local_steps"],
+            device=d.x.device,
         )
-        batches = (idx.to(d.x.device) for idx in batches)
         for idx, views in grouped_views(d.x, batches, self.view_augments(weak, strong)):
             logits_weak, logits_strong = self.logits(views)
             loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)

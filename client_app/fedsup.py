@@ -66,9 +66,13 @@ class FedSupClient(ClientHalf):
         steps = 0
         self.model.train()
         batches = step_batches(
-            len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
+            len(d.x),
+            ccfg["batch_size"],
+            self.generator,
+            ccfg["epochs"],
+            ccfg["local_steps"],
+            device=d.x.device,
         )
-        batches = (idx.to(d.x.device) for idx in batches)
         for idx, (x_aug,) in grouped_views(d.x, batches, (strong,)):
             loss, l_con, l_mse = self.step_loss(teacher, d.x[idx], x_aug, scale)
             set_lr(opt, self.lr_at(steps, round_steps))

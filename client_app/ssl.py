@@ -41,9 +41,13 @@ class SSLClient(ClientHalf):
         total, steps = running_sum(d.x.device), 0
         self.model.train()
         batches = step_batches(
-            len(d.x), ccfg["batch_size"], self.generator, ccfg["epochs"], ccfg["local_steps"]
+            len(d.x),
+            ccfg["batch_size"],
+            self.generator,
+            ccfg["epochs"],
+            ccfg["local_steps"],
+            device=d.x.device,
         )
-        batches = (idx.to(d.x.device) for idx in batches)
         for _, (view1, view2) in grouped_views(d.x, batches, (strong, strong)):
             loss = self.loss(view1, view2)
             set_lr(opt, self.lr_at(steps, round_steps))

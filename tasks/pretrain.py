@@ -75,8 +75,7 @@ def simclr_pretrain(
     losses: list[float] = []
     step = 0
     for _ in range(settings.epochs):
-        batches = step_batches(len(images), settings.batch_size, generator, 1)
-        batches = (idx.to(device) for idx in batches)
+        batches = step_batches(len(images), settings.batch_size, generator, 1, device=device)
         running = running_sum(device)
         for _, (view1, view2) in grouped_views(images, batches, (augment, augment)):
             z = projector(embedding(model, torch.cat([view1, view2])))

@@ -172,10 +172,15 @@ def scheduled_lr(
 
 
 def minibatches(
-    n: int, batch_size: int, generator: torch.Generator, drop_last: bool = False
+    n: int,
+    batch_size: int,
+    generator: torch.Generator,
+    drop_last: bool = False,
+    device: torch.device | str = "cpu",
 ) -> Iterator[torch.Tensor]:
-    """Random index batches covering 0..n-1 once."""
-    order = torch.randperm(n, generator=generator)
+    """Random index batches covering 0..n-1 once, on ``device`` (the permutation is drawn
+    from ``generator`` and copied there once per pass, not once per batch)."""
+    order = torch.randperm(n, generator=generator).to(device)
     stop = n - n % batch_size if drop_last and n >= batch_size else n
     for start in range(0, stop, batch_size):
         yield order[start : start + batch_size]
@@ -189,7 +194,12 @@ def cycled_batch(step: int, batch_size: int, n: int, device: torch.device) -> to
 
 
 def step_batches(
-    n: int, batch_size: int, generator: torch.Generator, epochs: int, local_steps: int = 0
+    n: int,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int,
+    local_steps: int = 0,
+    device: torch.device | str = "cpu",
 ) -> Iterator[torch.Tensor]:
     """The index batches of one round.
 
@@ -199,13 +209,13 @@ def step_batches(
     """
     if local_steps <= 0:
         for _ in range(epochs):
-            yield from minibatches(n, batch_size, generator)
+            yield from minibatches(n, batch_size, generator, device=device)
         return
     if n == 0:
         return
     size, done = min(batch_size, n), 0
     while done < local_steps:
-        for idx in minibatches(n, size, generator, drop_last=True):
+        for idx in minibatches(n, size, generator, drop_last=True, device=device):
             yield idx
             done += 1
             if done == local_steps:

@@ -57,7 +57,9 @@ def run_rounds(raw: dict, folder: Path, resume: bool = False) -> list[dict]:
     strategy.checkpoint_path = folder / "checkpoint.pt"
     if resume:
         strategy.resume_from(load_checkpoint(strategy.checkpoint_path))
-    strategy.start(InProcessGrid(3, state_path=str(folder / "client-state")), raw["rounds"])
+    strategy.start(
+        InProcessGrid(3, state_path=str(folder / "client-state")), num_rounds=raw["rounds"]
+    )
     return strategy.rows
 
 
