@@ -20,7 +20,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+
+from ssfl.lifecycle import owned_temp, owned_temp_dir, record_interruption, run_tag
 
 # Names only; tasks.checkpoint would import torch, which the CLI imports after it has
 # started the SuperLink booting (a test keeps the two equal).
@@ -64,7 +65,8 @@ def flwr_bin(name: str) -> str:
 def flwr_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of every Flower process and CLI call: a scratch FLWR_HOME,
     no runtime dependency installation, no update check, a 0.1 s SuperExec poll, no Ray
-    workers started before they are asked for, plus ``extra``."""
+    workers started before they are asked for, the tag that lets the CLI's watchdog end
+    them when the CLI ends (:mod:`ssfl.lifecycle`), plus ``extra``."""
     return {
         # Ray starts one idle worker per CPU for the first driver; Flower's actors carry a
         # runtime_env (PYTHONPATH), so they never use those and get workers of their own: on
@@ -80,6 +82,7 @@ def flwr_env(home: Path, **extra: str) -> dict[str, str]:
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         # flower-superexec looks for a new run to launch once a second by default.
         "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+        **run_tag(),
         **extra,
     }
 
@@ -253,7 +256,7 @@ class LocalSuperLink:
     @classmethod
     def create(cls) -> LocalSuperLink:
         """A SuperLink (not started) with a new scratch FLWR_HOME."""
-        home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-"))
+        home = owned_temp_dir("flwr-home-")
         env = flwr_env(
             home,
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
@@ -377,11 +380,12 @@ def run_config_arg(exp: Path, out: Path, resume: bool = False, client_state: str
 
 
 def prepare_out(out: Path, resume: bool) -> None:
-    """A fresh run starts from nothing: a previous run's checkpoint and client state in
-    ``out`` are removed (a resumed run keeps them)."""
+    """A fresh run starts from nothing: a previous run's checkpoints (kept ones too) and
+    client state in ``out`` are removed (a resumed run keeps them)."""
     if resume:
         return
-    (out / CHECKPOINT_FILE).unlink(missing_ok=True)
+    for checkpoint in out.glob("checkpoint*.pt"):
+        checkpoint.unlink()
     shutil.rmtree(out / CLIENT_STATE_DIR, ignore_errors=True)
 
 
@@ -417,11 +421,11 @@ def submit_run(
     the results' one-line ``failure`` when the run recorded it)."""
     results = out / "results.json"
     results.unlink(missing_ok=True)  # a previous run's file must not pass for this one's
-    with tempfile.TemporaryDirectory(prefix="ssfl-app-") as stage:
+    with owned_temp("app-") as stage:
         cmd = [
             flwr_bin("flwr"),
             "run",
-            str(stage_app(app_dir, Path(stage) / "app")),
+            str(stage_app(app_dir, stage / "app")),
             superlink,
             "--run-config",
             run_config_arg(exp, out, resume, client_state),
@@ -461,27 +465,29 @@ def run_simulation(
 
     ``resume``: go on from the checkpoint in ``out`` (the clients' state in
     ``out/client-state``); otherwise both are removed first. ``link``: a SuperLink
-    already booting (:meth:`LocalSuperLink.booting`); this call closes it."""
+    already booting (:meth:`LocalSuperLink.booting`); this call closes it. Ctrl-C or
+    SIGTERM: everything is stopped, results.json records the interrupted run."""
     link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
-    try:
-        exp = write_resolved(cfg, out)
-        prepare_out(out, resume)
-        link.wait_ready()
-        return submit_run(
-            "local",
-            link.env,
-            exp,
-            out,
-            extra=["--federation-config", federation_config(cfg)],
-            stream=stream,
-            app_dir=app_dir,
-            watch=link.check,
-            resume=resume,
-            client_state=str(out / CLIENT_STATE_DIR),
-        )
-    finally:
-        link.close(out)
+    with record_interruption(out):
+        try:
+            exp = write_resolved(cfg, out)
+            prepare_out(out, resume)
+            link.wait_ready()
+            return submit_run(
+                "local",
+                link.env,
+                exp,
+                out,
+                extra=["--federation-config", federation_config(cfg)],
+                stream=stream,
+                app_dir=app_dir,
+                watch=link.check,
+                resume=resume,
+                client_state=str(out / CLIENT_STATE_DIR),
+            )
+        finally:
+            link.close(out)
 
 
 def federation_config(cfg: Mapping[str, Any]) -> str:
