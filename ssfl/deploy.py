@@ -29,7 +29,7 @@ from ssfl.runner import (
     http_ok,
     prepare_out,
     start_process,
-    stop_process,
+    stop_processes,
     submit_run,
     toml_str,
     wait_until,
@@ -185,9 +185,8 @@ class LocalDeployment:
             )
 
     def stop(self) -> None:
-        """Stop every process started here (nodes first), each by its own process group."""
-        for process in reversed(list(self.processes.values())):
-            stop_process(process)
+        """Stop every process started here, together, each by its own process group."""
+        stop_processes(list(self.processes.values()))
 
 
 def last_error(log: Path) -> str:

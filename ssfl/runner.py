@@ -112,28 +112,34 @@ def start_process(
 
 def stop_process(process: subprocess.Popen | None, grace: float = 10.0) -> None:
     """Stop a process started by ``start_process`` and everything it started: SIGTERM, then
-    SIGKILL.
+    SIGKILL (see :func:`stop_processes`)."""
+    stop_processes([process], grace)
+
+
+def stop_processes(processes: Sequence[subprocess.Popen | None], grace: float = 10.0) -> None:
+    """Stop processes started by ``start_process`` and everything they started, all at
+    once: SIGTERM, then SIGKILL to those left after ``grace`` seconds.
 
     Flower's SuperLink starts flower-superexec in a session of its own, which starts the
     simulation (and Ray); those only watch their parent and can outlive it while busy, so
     the process groups of all descendants are stopped too, not only the SuperLink's.
     """
-    if process is None or process.poll() is not None:
-        return
-    groups = [process.pid, *descendant_groups(process.pid)]
+    running = [p for p in processes if p is not None and p.poll() is None]
+    groups = [g for p in running for g in (p.pid, *descendant_groups(p.pid))]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
-        if wait_gone(process, groups[1:], wait):
+        if wait_gone(running, groups, wait):
             return
 
 
-def wait_gone(process: subprocess.Popen, groups: list[int], timeout: float) -> bool:
-    """Whether ``process`` exited and ``groups`` emptied within ``timeout`` seconds."""
+def wait_gone(processes: list[subprocess.Popen], groups: list[int], timeout: float) -> bool:
+    """Whether ``processes`` exited and ``groups`` emptied within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        if process.poll() is not None and not any(group_alive(g) for g in groups):
+        exited = all(p.poll() is not None for p in processes)
+        if exited and not any(group_alive(g) for g in groups):
             return True
         if time.monotonic() > deadline:
             return False
@@ -166,11 +172,24 @@ def descendant_groups(pid: int) -> list[int]:
 
 
 def group_alive(group: int) -> bool:
+    """Whether a process of ``group`` still runs: zombies (exited, not yet reaped by a
+    parent that may never do it) do not count."""
     try:
         os.killpg(group, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    return sys.platform != "linux" or group in running_groups()
+
+
+def running_groups() -> set[int]:
+    """The process groups that have a member other than a zombie (Linux's /proc)."""
+    groups = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                groups.add(int(fields[2]))
+    return groups
 
 
 def wait_until(
@@ -235,11 +254,15 @@ class RayHead:
             last = lines[-1] if lines else "no output"
             raise RunFailed(f"the run's Ray cluster exited with code {code}: {last}")
 
-    def stop(self) -> None:
-        """Stop the cluster: Ray's head processes and the workers it started."""
+    def release(self) -> None:
+        """Close the cluster's stdin: it begins to shut down."""
         if self.process is not None and self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
+
+    def stop(self) -> None:
+        """Stop the cluster: Ray's head processes and the workers it started."""
+        self.release()
         stop_process(self.process)
 
 
@@ -322,10 +345,12 @@ class LocalSuperLink:
             self.ray.check()
 
     def stop(self) -> None:
-        """Stop the SuperLink and everything it started, then the Ray cluster."""
-        stop_process(self.process)
-        if self.ray is not None:
-            self.ray.stop()
+        """Stop the SuperLink and everything it started, and the Ray cluster, together."""
+        if self.ray is None:
+            stop_process(self.process)
+            return
+        self.ray.release()
+        stop_processes([self.process, self.ray.process])
 
     def close(self, out: Path | None = None) -> None:
         """Stop it, keep its log in ``out`` (when given) and remove its scratch home."""
