@@ -320,7 +320,9 @@ def run_cell(
         return None
     check_data(cfg)
     print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
-    return run_simulation(cfg, out, stream=False, resume=action == "resume")
+    if action == "resume":
+        return run_simulation(cfg, out, stream=False, resume=True)
+    return run_simulation(cfg, out, stream=False)
 
 
 Results = dict[tuple[str, str], dict[int | None, dict[str, Any]]]

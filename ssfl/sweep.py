@@ -65,7 +65,9 @@ def run_or_reuse(cfg: dict[str, Any], out: Path, label: str, action: str) -> dic
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
         return reusable_run(out, cfg)
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
-    return run_simulation(cfg, out, stream=False, resume=action == "resume")
+    if action == "resume":
+        return run_simulation(cfg, out, stream=False, resume=True)
+    return run_simulation(cfg, out, stream=False)
 
 
 def cell_action(cfg: dict[str, Any], out: Path, folders: CellFolders) -> str:

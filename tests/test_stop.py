@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -289,6 +290,15 @@ def run_processes(tempdir: Path) -> list[int]:
     return pids
 
 
+@pytest.fixture
+def short_tmp() -> Path:
+    """A temporary folder for the CLI's runs with a short path (Ray's socket paths under it
+    must stay within 107 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="stop-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def start_cli(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ssfl.cli", command, str(exp), "--out", str(out), "--quiet"]
     env = {**os.environ, "TMPDIR": str(tempdir)}
@@ -339,18 +349,21 @@ def straight(tmp_path_factory) -> list[dict]:
     raw["rounds"] = 2
     raw["server"]["bootstrap_epochs"] = 0
     (folder / "exp.yaml").write_text(yaml.safe_dump(raw))
-    (folder / "tmp").mkdir()
-    results = finish("run", folder / "exp.yaml", folder / "out", folder / "tmp")
+    runs_tmp = Path(tempfile.mkdtemp(prefix="stop-", dir="/tmp"))
+    try:
+        results = finish("run", folder / "exp.yaml", folder / "out", runs_tmp)
+    finally:
+        shutil.rmtree(runs_tmp, ignore_errors=True)
     return without_seconds(results["rounds"])
 
 
 @pytest.mark.e2e
 @pytest.mark.process
 def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_numbers(
-    exp, tmp_path, own_tempdir, straight
+    exp, tmp_path, short_tmp, straight
 ):
     out = tmp_path / "out"
-    proc = start_cli("run", exp, out, own_tempdir)
+    proc = start_cli("run", exp, out, short_tmp)
     wait_for_round(proc, out, 1)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
     sent = time.monotonic()
@@ -360,11 +373,11 @@ def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_number
         f"ssfl: interrupted (SIGINT) after round 1; continue with: ssfl run {exp} --out {out} "
         "--quiet --resume"
     )
-    assert gone_within(own_tempdir, 1)
+    assert gone_within(short_tmp, 1)
     results = json.loads((out / "results.json").read_text())
     assert (results["status"], results["rounds_done"]) == ("interrupted", 1)
     assert without_seconds(results["rounds"]) == straight[:1]
-    resumed = finish("run", exp, out, own_tempdir, "--resume")
+    resumed = finish("run", exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == straight
 
@@ -375,18 +388,18 @@ def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_number
     ("command", "whom"), [("run", "cli"), ("run", "group"), ("deploy-local", "cli")]
 )
 def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
-    command, whom, exp, tmp_path, own_tempdir, straight
+    command, whom, exp, tmp_path, short_tmp, straight
 ):
     out = tmp_path / "out"
-    proc = start_cli(command, exp, out, own_tempdir)
+    proc = start_cli(command, exp, out, short_tmp)
     wait_for_round(proc, out, 1)
-    assert run_processes(own_tempdir)  # the test sees the run's processes
+    assert run_processes(short_tmp)  # the test sees the run's processes
     if whom == "cli":
         proc.kill()
     else:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    assert gone_within(own_tempdir, 10)
-    resumed = finish(command, exp, out, own_tempdir, "--resume")
+    assert gone_within(short_tmp, 10)
+    resumed = finish(command, exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == straight
