@@ -31,8 +31,11 @@ from types import FrameType
 TAG_VAR = "SSFL_RUN_TAG"
 OWNER_FILE = ".ssfl-owner"
 TEMP_PREFIX = "ssfl-"
-# Seconds a process of a run gets to end after SIGTERM before SIGKILL.
+# Seconds a process of a run gets to end after SIGTERM before SIGKILL: after the CLI
+# ended (the watchdog), after Ctrl-C or SIGTERM (the user is waiting), and otherwise.
 TERM_GRACE_S = 3.0
+INTERRUPTED_GRACE_S = 1.0
+STOP_GRACE_S = 10.0
 
 
 class RunInterrupted(BaseException):
@@ -54,22 +57,35 @@ class RunInterrupted(BaseException):
 def interrupt(signum: int, frame: FrameType | None) -> None:
     """Signal handler: raise RunInterrupted once; later signals are ignored so the
     clean-up it starts (bounded by the stop timeouts) is not cut short."""
+    global interrupted
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    interrupted = True
     raise RunInterrupted(signum)
+
+
+interrupted = False  # whether SIGINT or SIGTERM reached this process (see ``interrupt``)
+
+
+def stop_grace() -> float:
+    """Seconds a stopped process gets between SIGTERM and SIGKILL: a round in flight is
+    dropped anyway once the user interrupted the run, so then only a short one."""
+    return INTERRUPTED_GRACE_S if interrupted else STOP_GRACE_S
 
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
     """Within it, Ctrl-C and SIGTERM raise RunInterrupted (also when the shell started the
     CLI with SIGINT ignored, as a non-interactive shell does for a background job); the
-    previous handlers come back on the way out."""
+    previous handlers come back on the way out (and stops get their usual grace again)."""
+    global interrupted
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
         signal.signal(sig, interrupt)
     try:
         yield
     finally:
+        interrupted = False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

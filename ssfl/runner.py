@@ -29,7 +29,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from ssfl.lifecycle import owned_temp, owned_temp_dir, record_interruption, run_tag
+from ssfl.lifecycle import (
+    owned_temp,
+    owned_temp_dir,
+    record_interruption,
+    run_tag,
+    stop_grace,
+)
 
 # Names only; tasks.checkpoint would import torch, which the CLI imports after it has
 # started the SuperLink booting (a test keeps the two equal).
@@ -110,15 +116,18 @@ def start_process(
             out.close()
 
 
-def stop_process(process: subprocess.Popen | None, grace: float = 10.0) -> None:
+def stop_process(process: subprocess.Popen | None, grace: float | None = None) -> None:
     """Stop a process started by ``start_process`` and everything it started: SIGTERM, then
     SIGKILL (see :func:`stop_processes`)."""
     stop_processes([process], grace)
 
 
-def stop_processes(processes: Sequence[subprocess.Popen | None], grace: float = 10.0) -> None:
+def stop_processes(
+    processes: Sequence[subprocess.Popen | None], grace: float | None = None
+) -> None:
     """Stop processes started by ``start_process`` and everything they started, all at
-    once: SIGTERM, then SIGKILL to those left after ``grace`` seconds.
+    once: SIGTERM, then SIGKILL to those left after ``grace`` seconds (default:
+    :func:`ssfl.lifecycle.stop_grace`).
 
     Flower's SuperLink starts flower-superexec in a session of its own, which starts the
     simulation (and Ray); those only watch their parent and can outlive it while busy, so
@@ -126,6 +135,7 @@ def stop_processes(processes: Sequence[subprocess.Popen | None], grace: float = 
     """
     running = [p for p in processes if p is not None and p.poll() is None]
     groups = [g for p in running for g in (p.pid, *descendant_groups(p.pid))]
+    grace = stop_grace() if grace is None else grace
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
