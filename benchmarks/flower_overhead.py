@@ -95,6 +95,7 @@ def flower_run(args, out: Path) -> dict:
         f"dataset.root={args.data_dir}",
         "--out",
         str(out),
+        "--overwrite",
         "--quiet",
     ]
     t0 = time.perf_counter()

@@ -97,7 +97,12 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     cmd = [sys.executable, "-m", "ssfl.cli", "run", args.experiment, "--rounds", str(args.rounds)]
-    cmd += [f"--set={kv}" for kv in args.set] + ["--out", str(out / "run"), "--quiet"]
+    cmd += [f"--set={kv}" for kv in args.set] + [
+        "--out",
+        str(out / "run"),
+        "--overwrite",
+        "--quiet",
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd)
     with TreePeak(proc.pid, args.interval) as peak:

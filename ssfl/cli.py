@@ -4,18 +4,22 @@ deployment (SuperLink and SuperNodes as processes), compare runs."""
 from __future__ import annotations
 
 import argparse
-import signal
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from ssfl.experiment import (
+    CellFolders,
     check_data,
+    check_out,
+    check_out_path,
     check_resumable,
     default_out,
     read_experiment,
     resolve_experiment,
 )
+from ssfl.lifecycle import RunInterrupted, remove_stale_folders, stop_signals
 from tasks.config import ConfigError
 
 
@@ -65,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     loggers = check_loggers(args.log or [])
     precheck(args)
     refuse_cuda_early(args.experiment, args.set or [])  # before any process starts
+    check_out_arg(args)  # before the SuperLink boots
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:
         cfg, out = prepare(args)
@@ -78,6 +83,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         link.close()  # run_simulation closed it already, keeping its log, unless it raised early
     report(results, out)
     return 0
+
+
+def check_out_arg(args: argparse.Namespace) -> None:
+    """Refuse an --out that is no folder, or holds a run neither --resume nor --overwrite
+    deals with (a default --out is a new folder)."""
+    if args.out:
+        check_out(Path(args.out), args.resume, args.overwrite)
 
 
 def parse_node_data(items: list[str], num_nodes: int) -> dict[int, str]:
@@ -98,6 +110,7 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
     from ssfl.deploy import run_deployment
     from ssfl.runner import RunFailed
 
+    check_out_arg(args)
     cfg, out = prepare(args)
     node_data = parse_node_data(args.node_data or [], cfg["split"]["num_clients"])
     try:
@@ -147,6 +160,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             not args.no_run,
             args.dataset,
             seeds,
+            cell_folders(args),
         )
         print(text)
     except RunFailed as err:
@@ -155,12 +169,31 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cell_folders(args: argparse.Namespace) -> CellFolders:
+    """What sweep and reproduce do with a cell folder holding a run they cannot reuse."""
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other; give one")
+    check_out_path(Path(args.out))
+    return CellFolders(args.resume, args.overwrite)
+
+
+def add_cell_args(parser: argparse.ArgumentParser) -> None:
+    """--resume and --overwrite of sweep and reproduce (finished cells are reused anyway)."""
+    parser.add_argument(
+        "--resume", action="store_true", help="continue cells whose run was interrupted"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="rerun cells that hold another or unfinished run"
+    )
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ssfl.runner import RunFailed
     from ssfl.sweep import sweep
 
     try:
-        print(sweep(args.experiment, args.set_grid, args.set or [], args.rounds, Path(args.out)))
+        grid, sets = args.set_grid, args.set or []
+        print(sweep(args.experiment, grid, sets, args.rounds, Path(args.out), cell_folders(args)))
     except RunFailed as err:
         print(f"ssfl: sweep failed: {err}", file=sys.stderr)
         return 1
@@ -239,6 +272,9 @@ def add_experiment_args(parser: argparse.ArgumentParser) -> None:
         help="go on from the last complete round of the run in --out (same experiment and "
         "options); numbers as if never interrupted",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the run --out holds, if any"
+    )
 
 
 def versions() -> str:
@@ -312,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S1,S2,...",
         help="run every cell once per seed; the table shows mean ± std over the seeds",
     )
+    add_cell_args(rep)
     rep.set_defaults(func=cmd_reproduce)
 
     swp = sub.add_parser("sweep", help="run an experiment over a grid of values; table and plot")
@@ -326,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--out", required=True, help="folder for the cells, table.md and plots")
     swp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override in every cell")
     swp.add_argument("--rounds", type=int, help="rounds of every cell (default: the experiment's)")
+    add_cell_args(swp)
     swp.set_defaults(func=cmd_sweep)
 
     evl = sub.add_parser(
@@ -371,19 +409,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM exits like Ctrl-C, so the SuperLink this command started is stopped too."""
-    raise SystemExit(128 + signum)
+def resume_command(argv: list[str], out: Path) -> str:
+    """The command that continues an interrupted one: the same, with --resume (and --out)."""
+    words = [w for w in argv if w != "--overwrite"]
+    if "--resume" not in words:
+        words.append("--resume")
+    if not any(w == "--out" or w.startswith("--out=") for w in words):
+        words += ["--out", str(out)]
+    return "ssfl " + shlex.join(words)
+
+
+def report_interrupted(err: RunInterrupted, argv: list[str]) -> int:
+    """One line on what an interrupted command left and how to go on; its exit code."""
+    if err.out is None or err.rounds_done is None:
+        print(
+            f"ssfl: interrupted ({err}) before a round completed; nothing to resume",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"ssfl: interrupted ({err}) after round {err.rounds_done}; continue with: "
+            f"{resume_command(argv, err.out)}",
+            file=sys.stderr,
+        )
+    return err.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    remove_stale_folders()
     try:
-        return args.func(args)
+        with stop_signals():
+            return args.func(args)
     except (ConfigError, FileNotFoundError) as err:
         print(f"ssfl: error: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as err:
+        return report_interrupted(err, argv)
 
 
 if __name__ == "__main__":

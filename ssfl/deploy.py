@@ -13,13 +13,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ssfl.certs import make_certificates, make_node_key
+from ssfl.lifecycle import owned_temp_dir, record_interruption
 from ssfl.runner import (
     APP_DIR,
     RunFailed,
@@ -29,7 +29,7 @@ from ssfl.runner import (
     http_ok,
     prepare_out,
     start_process,
-    stop_process,
+    stop_processes,
     submit_run,
     toml_str,
     wait_until,
@@ -185,9 +185,8 @@ class LocalDeployment:
             )
 
     def stop(self) -> None:
-        """Stop every process started here (nodes first), each by its own process group."""
-        for process in reversed(list(self.processes.values())):
-            stop_process(process)
+        """Stop every process started here, together, each by its own process group."""
+        stop_processes(list(self.processes.values()))
 
 
 def last_error(log: Path) -> str:
@@ -221,13 +220,27 @@ def run_deployment(
     Node k holds partition k of ``split.num_clients``, or, when ``node_data`` maps k to a
     folder, that folder's unlabeled images; its state-path is ``out/client-state``.
     ``resume``: go on from the checkpoint in ``out``. Returns the results, or raises
-    RunFailed when the run fails or a process dies.
+    RunFailed when the run fails or a process dies. Ctrl-C or SIGTERM: every process is
+    stopped, results.json records the interrupted run.
     """
     out = Path(out).resolve()
+    with record_interruption(out):
+        return deploy(cfg, out, node_data, stream, app_dir, resume)
+
+
+def deploy(
+    cfg: Mapping[str, Any],
+    out: Path,
+    node_data: Mapping[int, str] | None,
+    stream: bool,
+    app_dir: Path,
+    resume: bool,
+) -> dict[str, Any]:
+    """The body of :func:`run_deployment`: start the processes, submit, stop them all."""
     exp = write_resolved(cfg, out)
     prepare_out(out, resume)
     num_nodes = cfg["split"]["num_clients"]
-    home = Path(tempfile.mkdtemp(prefix="ssfl-deploy-"))
+    home = owned_temp_dir("deploy-")
     deployment = LocalDeployment.create(home, out / "logs")
     try:
         deployment.start_superlink()

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ssfl.registry import METHODS, method
+from ssfl.runner import CHECKPOINT_FILE
 from tasks.config import (
     DEFAULTS,
     ConfigError,
@@ -292,3 +294,78 @@ def default_out(cfg: Mapping[str, Any]) -> Path:
     """runs/<name or method>-<time> under the current directory."""
     label = cfg["name"] or cfg["method"]
     return Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_out_path(out: Path) -> None:
+    """A one-line ConfigError when ``out`` cannot be a folder (it, or a folder above it,
+    is a file)."""
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            what = "is a file" if path == out else f"is under the file {path}"
+            raise ConfigError(f"--out {out} {what}; choose a folder")
+
+
+def held_run(out: Path) -> str | None:
+    """What the run in ``out`` is, in words (method, rounds done, status); None when ``out``
+    holds no run (no results.json, no checkpoint). Reads no checkpoint (no torch)."""
+    results_file, checkpoint = out / "results.json", out / CHECKPOINT_FILE
+    if results_file.is_file():
+        try:
+            results = json.loads(results_file.read_text())
+        except (OSError, ValueError):
+            return "a run with an unreadable results.json"
+        done = len(results.get("rounds") or [])
+        total = (results.get("config") or {}).get("rounds", "?")
+        return (
+            f"a {results.get('method', '?')} run ({results.get('status', 'completed')}, "
+            f"{done} of {total} rounds done)"
+        )
+    if checkpoint.is_file():
+        metrics = out / "metrics.jsonl"
+        done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+        return f"a killed run (a checkpoint, {done} rounds in metrics.jsonl, no results.json)"
+    return None
+
+
+def check_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse, in one line, an ``--out`` that cannot be a folder, or that holds a run when
+    neither ``resume`` nor ``overwrite`` says what to do with it."""
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other; give one")
+    check_out_path(out)
+    held = held_run(out)
+    if held is not None and not resume and not overwrite:
+        raise ConfigError(
+            f"--out {out} holds {held}; continue it with --resume, replace it with "
+            "--overwrite, or choose another --out"
+        )
+
+
+@dataclass(frozen=True)
+class CellFolders:
+    """What ``sweep`` and ``reproduce`` do with a cell folder that holds a run they cannot
+    reuse: continue it (``resume``), replace it (``overwrite``), else refuse.
+    ``check_only``: decide, run nothing (the pass over every cell before any runs)."""
+
+    resume: bool = False
+    overwrite: bool = False
+    check_only: bool = False
+
+    def action(self, out: Path, cfg: Mapping[str, Any]) -> str:
+        """'resume' or 'run' for a cell whose folder holds no reusable run of ``cfg``; a
+        one-line ConfigError when it holds another run and no flag says what to do."""
+        check_out_path(out)
+        held = held_run(out)
+        if held is None or self.overwrite:
+            return "run"
+        if self.resume:
+            check_resumable(out, cfg)
+            return "resume"
+        raise ConfigError(
+            f"cell folder {out} holds {held}; continue it with --resume, replace it with "
+            "--overwrite, or choose another --out"
+        )
+
+
+# Cell folders holding another run are refused (the default of sweep and reproduce).
+REFUSE = CellFolders()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import check_data, resolve_experiment, reusable_run
+from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
 from ssfl.runner import run_simulation
 from tasks.config import ConfigError
 from tasks.results import plot_curves
@@ -307,19 +307,21 @@ def run_cell(
     rounds: int | None,
     out: Path,
     run: bool = True,
+    folders: CellFolders = REFUSE,
 ) -> dict[str, Any] | None:
-    """The cell's results: reused when made with the same config, else run (None: not run)."""
+    """The cell's results: reused when made with the same config, else run, resumed or
+    refused as ``folders`` says (None: not run)."""
     cfg = resolve_experiment(experiment, rounds, None, overrides)
     previous = reusable_run(out, cfg)
     if previous is not None or not run:
         return previous
-    if (out / "results.json").is_file():
-        print(
-            f"ssfl reproduce: {out} holds another config's or an unfinished run; rerun",
-            file=sys.stderr,
-        )
+    action = folders.action(out, cfg)
+    if folders.check_only:
+        return None
     check_data(cfg)
     print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
+    if action == "resume":
+        return run_simulation(cfg, out, stream=False, resume=True)
     return run_simulation(cfg, out, stream=False)
 
 
@@ -577,18 +579,23 @@ def reproduce(
     run: bool = True,
     dataset: str | None = None,
     seeds: list[int] | None = None,
+    folders: CellFolders = REFUSE,
 ) -> str:
     """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``.
 
     With ``run=False`` nothing is run: the table shows the finished cells only. Linked
     tables (the same cells, another metric) follow in table.md. With ``seeds`` every cell
     runs once per seed (in ``seed{S}`` folders), the table shows mean ± std over the seeds
-    and ``seeds.json`` holds the numbers.
+    and ``seeds.json`` holds the numbers. A cell folder holding another run is refused
+    before anything runs, unless ``folders`` says to resume or replace it.
     """
     table = TABLES[name]
     folder = experiments_folder(table, dataset)
+    if run:
+        check = CellFolders(folders.resume, folders.overwrite, check_only=True)
+        table_results(table, out, rounds, sets, run, folder, seeds, check)
     out.mkdir(parents=True, exist_ok=True)
-    results = table_results(table, out, rounds, sets, run, folder, seeds)
+    results = table_results(table, out, rounds, sets, run, folder, seeds, folders)
     tables = (table, *map(TABLES.get, table.linked))
     text = "\n\n".join(markdown(t, results, seeds) for t in tables)
     (out / "table.md").write_text(text + "\n")
@@ -629,6 +636,7 @@ def table_results(
     run: bool,
     folder: str,
     seeds: list[int] | None = None,
+    folders: CellFolders = REFUSE,
 ) -> Results:
     """Every finished cell's results, run or reused, by (row label, column) and seed."""
     results = {}
@@ -636,9 +644,8 @@ def table_results(
         for row in table.rows:
             experiment = row.experiment_for(column, folder)
             overrides = [*col_overrides, *sets]
-            runs = seed_runs(
-                experiment, row.label, overrides, rounds, cell_dir(out, row, column), run, seeds
-            )
+            where = cell_dir(out, row, column)
+            runs = seed_runs(experiment, row.label, overrides, rounds, where, run, seeds, folders)
             for seed, res in runs.items():
                 res["name"] = f"{row.label} ({column})" + ("" if seed is None else f" seed {seed}")
             if runs:
@@ -654,6 +661,7 @@ def seed_runs(
     out: Path,
     run: bool,
     seeds: list[int] | None,
+    folders: CellFolders = REFUSE,
 ) -> dict[int | None, dict[str, Any]]:
     """A cell's finished results per seed, each in ``out/seed{S}`` with ``seed=S`` last.
 
@@ -662,7 +670,7 @@ def seed_runs(
     runs = {}
     for seed in seeds or [None]:
         extra, where = ([], out) if seed is None else ([f"seed={seed}"], out / f"seed{seed}")
-        res = run_cell(experiment, label, [*overrides, *extra], rounds, where, run)
+        res = run_cell(experiment, label, [*overrides, *extra], rounds, where, run, folders)
         if res is not None:
             runs[seed] = res
     return runs

@@ -20,7 +20,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+
+from ssfl.lifecycle import (
+    owned_temp,
+    owned_temp_dir,
+    record_interruption,
+    run_tag,
+    stop_grace,
+)
 
 # Names only; tasks.checkpoint would import torch, which the CLI imports after it has
 # started the SuperLink booting (a test keeps the two equal).
@@ -64,7 +71,8 @@ def flwr_bin(name: str) -> str:
 def flwr_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of every Flower process and CLI call: a scratch FLWR_HOME,
     no runtime dependency installation, no update check, a 0.1 s SuperExec poll, no Ray
-    workers started before they are asked for, plus ``extra``."""
+    workers started before they are asked for, the tag that lets the CLI's watchdog end
+    them when the CLI ends (:mod:`ssfl.lifecycle`), plus ``extra``."""
     return {
         # Ray starts one idle worker per CPU for the first driver; Flower's actors carry a
         # runtime_env (PYTHONPATH), so they never use those and get workers of their own: on
@@ -80,6 +88,7 @@ def flwr_env(home: Path, **extra: str) -> dict[str, str]:
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         # flower-superexec looks for a new run to launch once a second by default.
         "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+        **run_tag(),
         **extra,
     }
 
@@ -107,30 +116,40 @@ def start_process(
             out.close()
 
 
-def stop_process(process: subprocess.Popen | None, grace: float = 10.0) -> None:
+def stop_process(process: subprocess.Popen | None, grace: float | None = None) -> None:
     """Stop a process started by ``start_process`` and everything it started: SIGTERM, then
-    SIGKILL.
+    SIGKILL (see :func:`stop_processes`)."""
+    stop_processes([process], grace)
+
+
+def stop_processes(
+    processes: Sequence[subprocess.Popen | None], grace: float | None = None
+) -> None:
+    """Stop processes started by ``start_process`` and everything they started, all at
+    once: SIGTERM, then SIGKILL to those left after ``grace`` seconds (default:
+    :func:`ssfl.lifecycle.stop_grace`).
 
     Flower's SuperLink starts flower-superexec in a session of its own, which starts the
     simulation (and Ray); those only watch their parent and can outlive it while busy, so
     the process groups of all descendants are stopped too, not only the SuperLink's.
     """
-    if process is None or process.poll() is not None:
-        return
-    groups = [process.pid, *descendant_groups(process.pid)]
+    running = [p for p in processes if p is not None and p.poll() is None]
+    groups = [g for p in running for g in (p.pid, *descendant_groups(p.pid))]
+    grace = stop_grace() if grace is None else grace
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
-        if wait_gone(process, groups[1:], wait):
+        if wait_gone(running, groups, wait):
             return
 
 
-def wait_gone(process: subprocess.Popen, groups: list[int], timeout: float) -> bool:
-    """Whether ``process`` exited and ``groups`` emptied within ``timeout`` seconds."""
+def wait_gone(processes: list[subprocess.Popen], groups: list[int], timeout: float) -> bool:
+    """Whether ``processes`` exited and ``groups`` emptied within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        if process.poll() is not None and not any(group_alive(g) for g in groups):
+        exited = all(p.poll() is not None for p in processes)
+        if exited and not any(group_alive(g) for g in groups):
             return True
         if time.monotonic() > deadline:
             return False
@@ -163,11 +182,24 @@ def descendant_groups(pid: int) -> list[int]:
 
 
 def group_alive(group: int) -> bool:
+    """Whether a process of ``group`` still runs: zombies (exited, not yet reaped by a
+    parent that may never do it) do not count."""
     try:
         os.killpg(group, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    return sys.platform != "linux" or group in running_groups()
+
+
+def running_groups() -> set[int]:
+    """The process groups that have a member other than a zombie (Linux's /proc)."""
+    groups = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                groups.add(int(fields[2]))
+    return groups
 
 
 def wait_until(
@@ -232,11 +264,15 @@ class RayHead:
             last = lines[-1] if lines else "no output"
             raise RunFailed(f"the run's Ray cluster exited with code {code}: {last}")
 
-    def stop(self) -> None:
-        """Stop the cluster: Ray's head processes and the workers it started."""
+    def release(self) -> None:
+        """Close the cluster's stdin: it begins to shut down."""
         if self.process is not None and self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
+
+    def stop(self) -> None:
+        """Stop the cluster: Ray's head processes and the workers it started."""
+        self.release()
         stop_process(self.process)
 
 
@@ -253,7 +289,7 @@ class LocalSuperLink:
     @classmethod
     def create(cls) -> LocalSuperLink:
         """A SuperLink (not started) with a new scratch FLWR_HOME."""
-        home = Path(tempfile.mkdtemp(prefix="ssfl-flwr-home-"))
+        home = owned_temp_dir("flwr-home-")
         env = flwr_env(
             home,
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
@@ -319,10 +355,12 @@ class LocalSuperLink:
             self.ray.check()
 
     def stop(self) -> None:
-        """Stop the SuperLink and everything it started, then the Ray cluster."""
-        stop_process(self.process)
-        if self.ray is not None:
-            self.ray.stop()
+        """Stop the SuperLink and everything it started, and the Ray cluster, together."""
+        if self.ray is None:
+            stop_process(self.process)
+            return
+        self.ray.release()
+        stop_processes([self.process, self.ray.process])
 
     def close(self, out: Path | None = None) -> None:
         """Stop it, keep its log in ``out`` (when given) and remove its scratch home."""
@@ -377,11 +415,12 @@ def run_config_arg(exp: Path, out: Path, resume: bool = False, client_state: str
 
 
 def prepare_out(out: Path, resume: bool) -> None:
-    """A fresh run starts from nothing: a previous run's checkpoint and client state in
-    ``out`` are removed (a resumed run keeps them)."""
+    """A fresh run starts from nothing: a previous run's checkpoints (kept ones too) and
+    client state in ``out`` are removed (a resumed run keeps them)."""
     if resume:
         return
-    (out / CHECKPOINT_FILE).unlink(missing_ok=True)
+    for checkpoint in out.glob("checkpoint*.pt"):
+        checkpoint.unlink()
     shutil.rmtree(out / CLIENT_STATE_DIR, ignore_errors=True)
 
 
@@ -428,11 +467,11 @@ def submit_run(
         if watch is not None:
             watch()
 
-    with tempfile.TemporaryDirectory(prefix="ssfl-app-") as stage, contextlib.closing(follower):
+    with owned_temp("app-") as stage, contextlib.closing(follower):
         cmd = [
             flwr_bin("flwr"),
             "run",
-            str(stage_app(app_dir, Path(stage) / "app")),
+            str(stage_app(app_dir, stage / "app")),
             superlink,
             "--run-config",
             run_config_arg(exp, out, resume, client_state),
@@ -474,31 +513,33 @@ def run_simulation(
     ``resume``: go on from the checkpoint in ``out`` (the clients' state in
     ``out/client-state``); otherwise both are removed first. ``link``: a SuperLink
     already booting (:meth:`LocalSuperLink.booting`); this call closes it (its caller
-    does when the device check refuses the experiment)."""
+    does when the device check refuses the experiment). Ctrl-C or SIGTERM: everything is
+    stopped, results.json records the interrupted run."""
     from ssfl.gpu import check_run_device, gpu_count
 
     share = check_run_device(cfg, gpu_count())  # a refused device starts nothing
     link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
-    try:
-        exp = write_resolved(cfg, out)
-        prepare_out(out, resume)
-        link.wait_ready()
-        return submit_run(
-            "local",
-            link.env,
-            exp,
-            out,
-            extra=["--federation-config", federation_config(cfg, share)],
-            stream=stream,
-            app_dir=app_dir,
-            watch=link.check,
-            resume=resume,
-            client_state=str(out / CLIENT_STATE_DIR),
-            loggers=loggers,
-        )
-    finally:
-        link.close(out)
+    with record_interruption(out):
+        try:
+            exp = write_resolved(cfg, out)
+            prepare_out(out, resume)
+            link.wait_ready()
+            return submit_run(
+                "local",
+                link.env,
+                exp,
+                out,
+                extra=["--federation-config", federation_config(cfg, share)],
+                stream=stream,
+                app_dir=app_dir,
+                watch=link.check,
+                resume=resume,
+                client_state=str(out / CLIENT_STATE_DIR),
+                loggers=loggers,
+            )
+        finally:
+            link.close(out)
 
 
 def federation_config(cfg: Mapping[str, Any], gpu_share: float | None = None) -> str:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import check_data, resolve_experiment, reusable_run
+from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
 from tasks.config import ConfigError, parse_scalar
 from tasks.results import markdown_table, plot_curves, plot_sweep
 
@@ -57,15 +57,22 @@ def cell_dir(out: Path, cell: Cell) -> Path:
     return out / cell_label(cell).replace("/", "_").replace(" ", "_")
 
 
-def run_or_reuse(cfg: dict[str, Any], out: Path, label: str) -> dict[str, Any]:
+def run_or_reuse(cfg: dict[str, Any], out: Path, label: str, action: str) -> dict[str, Any]:
+    """The cell's results: reused (``action`` 'reuse'), resumed or run."""
     from ssfl.runner import run_simulation
 
-    previous = reusable_run(out, cfg)
-    if previous is not None:
+    if action == "reuse":
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
-        return previous
+        return reusable_run(out, cfg)
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
+    if action == "resume":
+        return run_simulation(cfg, out, stream=False, resume=True)
     return run_simulation(cfg, out, stream=False)
+
+
+def cell_action(cfg: dict[str, Any], out: Path, folders: CellFolders) -> str:
+    """'reuse' a completed run of ``cfg`` in ``out``, else what ``folders`` says."""
+    return "reuse" if reusable_run(out, cfg) is not None else folders.action(out, cfg)
 
 
 def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:
@@ -75,9 +82,16 @@ def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[d
 
 
 def sweep(
-    experiment: str, grid_items: list[str], sets: list[str], rounds: int | None, out: Path
+    experiment: str,
+    grid_items: list[str],
+    sets: list[str],
+    rounds: int | None,
+    out: Path,
+    folders: CellFolders = REFUSE,
 ) -> str:
-    """Run (or reuse) every cell of the grid; write table.md, sweep.png and accuracy.png."""
+    """Run (or reuse) every cell of the grid; write table.md, sweep.png and accuracy.png.
+    A cell folder holding another run is refused before anything runs, unless ``folders``
+    says to resume or replace it."""
 
     grid = parse_grid(grid_items)
     cells = grid_cells(grid)
@@ -86,10 +100,11 @@ def sweep(
         cfg = resolve_experiment(experiment, rounds, None, [*sets, *cell_overrides(cell)])
         check_data(cfg)
         configs.append(cfg)
+    actions = [cell_action(cfg, cell_dir(out, cell), folders) for cell, cfg in zip(cells, configs)]
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for cell, cfg in zip(cells, configs):
-        res = run_or_reuse(cfg, cell_dir(out, cell), cell_label(cell))
+    for cell, cfg, action in zip(cells, configs, actions):
+        res = run_or_reuse(cfg, cell_dir(out, cell), cell_label(cell), action)
         res["name"] = cell_label(cell)
         runs.append(res)
     text = sweep_table(experiment, grid, runs)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import ssfl.reproduce
-from ssfl.experiment import resolve_experiment
+from ssfl.experiment import CellFolders, resolve_experiment
 from ssfl.reproduce import TABLES, cell_dir, reproduce
 from tasks.config import ConfigError
 from tests.conftest import ROOT
@@ -68,7 +68,8 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
-    text = reproduce("fedseal-table1", tmp_path, None, ["client.lr=0.123"])
+    rerun = CellFolders(overwrite=True)
+    text = reproduce("fedseal-table1", tmp_path, None, ["client.lr=0.123"], folders=rerun)
     assert len(ran) == 12  # client.lr is in every cell's config, Server-SL's too
     assert all(lr == pytest.approx(0.123) for _, lr, _ in ran)
     assert "0.5000" in text

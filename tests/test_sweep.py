@@ -9,7 +9,7 @@ import yaml
 
 import ssfl.runner
 from ssfl.cli import main
-from ssfl.experiment import resolve_experiment
+from ssfl.experiment import CellFolders, resolve_experiment
 from ssfl.sweep import cell_dir, cell_overrides, grid_cells, parse_grid, sweep
 from tasks.config import ConfigError
 from tasks.results import plot_curves, plot_sweep
@@ -70,7 +70,7 @@ def test_sweep_reuses_matching_cells_and_reruns_stale_ones(tmp_path, synthetic_r
         return fake_results(cfg, 0.7)
 
     monkeypatch.setattr(ssfl.runner, "run_simulation", fake_run)
-    text = sweep(str(exp), grid, [], None, out)
+    text = sweep(str(exp), grid, [], None, out, CellFolders(overwrite=True))  # stale: rerun
     assert ran == [cell_dir(out, cells[1])]
     assert "| split.target_r=0.0 | server_sl |" in text and "| 0.9000 |" in text
     assert "| split.target_r=0.4 |" in text and "| 0.7000 |" in text

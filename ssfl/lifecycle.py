@@ -1,0 +1,269 @@
+"""How a run ends: signals, the processes it started and its temporary folders.
+
+- SIGINT (Ctrl-C) and SIGTERM raise :class:`RunInterrupted` in the CLI, so the code that
+  started processes stops them on the way out; the command exits 128 + the signal.
+- A watchdog (``python -m ssfl.lifecycle``, in a session of its own) holds the read end of
+  a pipe whose write end only the CLI holds. When the CLI ends, however it ends (SIGKILL
+  included), the pipe closes and the watchdog ends every process that carries the CLI's
+  ``SSFL_RUN_TAG`` in its environment (every Flower and Ray process the run started, and
+  theirs), then removes the CLI's temporary folders.
+- A temporary folder names its owner (pid and start time) in ``.ssfl-owner``; any later
+  ``ssfl`` command removes those whose owner is gone (:func:`remove_stale_folders`).
+
+This module imports neither torch nor Flower: the watchdog starts in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+TAG_VAR = "SSFL_RUN_TAG"
+OWNER_FILE = ".ssfl-owner"
+TEMP_PREFIX = "ssfl-"
+# Seconds a process of a run gets to end after SIGTERM before SIGKILL: after the CLI
+# ended (the watchdog), after Ctrl-C or SIGTERM (the user is waiting), and otherwise.
+TERM_GRACE_S = 3.0
+INTERRUPTED_GRACE_S = 1.0
+STOP_GRACE_S = 10.0
+
+
+class RunInterrupted(BaseException):
+    """SIGINT or SIGTERM reached the CLI. A BaseException, as KeyboardInterrupt is, so that
+    no ``except Exception`` on the way holds it up. ``out``/``rounds_done``: the run it
+    interrupted and its last complete round (set by :func:`record_interruption`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.out: Path | None = None
+        self.rounds_done: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """Signal handler: raise RunInterrupted once; later signals are ignored so the
+    clean-up it starts (bounded by the stop timeouts) is not cut short."""
+    global interrupted
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    interrupted = True
+    raise RunInterrupted(signum)
+
+
+interrupted = False  # whether SIGINT or SIGTERM reached this process (see ``interrupt``)
+
+
+def stop_grace() -> float:
+    """Seconds a stopped process gets between SIGTERM and SIGKILL: a round in flight is
+    dropped anyway once the user interrupted the run, so then only a short one."""
+    return INTERRUPTED_GRACE_S if interrupted else STOP_GRACE_S
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Within it, Ctrl-C and SIGTERM raise RunInterrupted (also when the shell started the
+    CLI with SIGINT ignored, as a non-interactive shell does for a background job); the
+    previous handlers come back on the way out (and stops get their usual grace again)."""
+    global interrupted
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        interrupted = False
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# ----- Owners ---------------------------------------------------------------------------
+def start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), '' elsewhere or when
+    the process is gone: with the pid it names one process, even after pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_line(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{pid} {start_time(pid)}"
+
+
+def owner_alive(line: str) -> bool:
+    """Whether the process an owner line names still runs (the same process, not a reuse)."""
+    pid_text, _, started = line.strip().partition(" ")
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not started or start_time(pid) == started
+
+
+def owned_temp_dir(prefix: str) -> Path:
+    """A new folder in the temporary directory that names this process as its owner."""
+    path = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{prefix}"))
+    (path / OWNER_FILE).write_text(owner_line())
+    return path
+
+
+@contextlib.contextmanager
+def owned_temp(prefix: str) -> Iterator[Path]:
+    """:func:`owned_temp_dir`, removed on the way out."""
+    path = owned_temp_dir(prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_folders(root: Path | None = None) -> list[Path]:
+    """Remove ssfl's temporary folders whose owner process is gone; return them. Folders
+    without an owner file (being made, or not ssfl's) are left alone."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in root.iterdir():
+            owner = path / OWNER_FILE
+            if not path.name.startswith(TEMP_PREFIX) or not owner.is_file():
+                continue
+            with contextlib.suppress(OSError):
+                if not owner_alive(owner.read_text()):
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+    return removed
+
+
+# ----- Interrupted runs -----------------------------------------------------------------
+def interrupted_results(out: Path) -> dict | None:
+    """results.json of a run interrupted in ``out``: its last checkpoint's rows, with
+    ``"status": "interrupted"`` (None when no round completed: nothing to resume)."""
+    import json
+
+    from tasks.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+
+    try:
+        checkpoint = load_checkpoint(out / CHECKPOINT_FILE)
+    except CheckpointError:
+        return None
+    cfg, rows = json.loads(checkpoint["config"]), json.loads(checkpoint["rows"])
+    accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
+    return {
+        "status": "interrupted",
+        "method": cfg["method"],
+        "name": cfg["name"],
+        "dataset": cfg["dataset"]["name"],
+        "seed": cfg["seed"],
+        "config": cfg,
+        "rounds_done": int(checkpoint["round"]),
+        "rounds": rows,
+        "final_test_accuracy": accs[-1] if accs else None,
+        "best_test_accuracy": max(accs) if accs else None,
+    }
+
+
+@contextlib.contextmanager
+def record_interruption(out: Path) -> Iterator[None]:
+    """On RunInterrupted (raised after the run's processes were stopped inside), write
+    ``out/results.json`` with ``"status": "interrupted"`` and note the run on the error."""
+    try:
+        yield
+    except RunInterrupted as err:
+        import json
+
+        results = interrupted_results(out)
+        if results is not None:
+            partial = out / "results.json.partial"
+            partial.write_text(json.dumps(results, indent=2))
+            partial.replace(out / "results.json")
+        err.out, err.rounds_done = out, None if results is None else results["rounds_done"]
+        raise
+
+
+# ----- The watchdog ---------------------------------------------------------------------
+def tagged_processes(tag: str) -> list[int]:
+    """Pids of processes (other than this one) whose environment holds ``SSFL_RUN_TAG=tag``
+    (Linux's /proc; none elsewhere)."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if int(entry.name) != os.getpid() and needle in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+    return pids
+
+
+def end_processes(tag: str, grace: float = TERM_GRACE_S) -> None:
+    """SIGTERM every process of the run, then SIGKILL those left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        pids = tagged_processes(tag)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = tagged_processes(tag)
+
+
+def watch(tag: str) -> None:
+    """The watchdog's body: wait for stdin to close (the CLI ended), then end the run's
+    processes and remove the temporary folders it left."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.stdin.buffer.read()
+    end_processes(tag)
+    remove_stale_folders()
+
+
+class Guard:
+    """This process's watchdog and the tag its processes carry (started once, lazily)."""
+
+    _current: Guard | None = None
+
+    def __init__(self) -> None:
+        self.tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ssfl.lifecycle", self.tag],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={k: v for k, v in os.environ.items() if k != TAG_VAR},
+        )
+
+    @classmethod
+    def current(cls) -> Guard:
+        if cls._current is None or cls._current.process.poll() is not None:
+            cls._current = cls()
+        return cls._current
+
+
+def run_tag() -> dict[str, str]:
+    """The environment entry every process of this CLI's runs carries (starts the watchdog)."""
+    return {TAG_VAR: Guard.current().tag}
+
+
+if __name__ == "__main__":
+    watch(sys.argv[1])

@@ -1,0 +1,405 @@
+"""How a run ends: Ctrl-C and SIGTERM stop it resumably, a killed CLI leaves no process or
+temporary folder behind, and an --out that holds a run is never silently replaced."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ssfl import runner
+from ssfl.cli import main, resume_command
+from ssfl.experiment import resolve_experiment
+from ssfl.lifecycle import (
+    OWNER_FILE,
+    RunInterrupted,
+    owner_line,
+    record_interruption,
+    remove_stale_folders,
+    stop_signals,
+)
+from ssfl.reproduce import TABLES, cell_dir
+from tasks.checkpoint import load_checkpoint, save_checkpoint
+from tests.conftest import ROOT
+from tests.test_resume import tiny_raw, without_seconds
+
+HELD = {
+    "status": "completed",
+    "method": "fedseal",
+    "config": {"rounds": 4},
+    "rounds": [{"round": r} for r in (1, 2, 3, 4)],
+}
+
+
+@pytest.fixture(autouse=True)
+def own_tempdir(tmp_path, monkeypatch) -> Path:
+    """Temporary folders of the commands run here go to this test's folder."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> Path:
+    """Two rounds of FedSEAL on synthetic data (kept momentum: resuming must restore it)."""
+    raw = tiny_raw("fedseal")
+    raw["rounds"] = 2
+    raw["server"]["bootstrap_epochs"] = 0
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def cli(*args: str) -> tuple[int, list[str]]:
+    """``ssfl`` in this process: exit code and stderr lines."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, err.getvalue().strip().splitlines()
+
+
+def hold_run(out: Path) -> str:
+    out.mkdir(parents=True)
+    text = json.dumps(HELD)
+    (out / "results.json").write_text(text)
+    return text
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch) -> None:
+    """Fail the test if a command gets as far as starting a SuperLink or a run."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(runner.LocalSuperLink, "launch", refuse)
+    monkeypatch.setattr(runner, "run_simulation", refuse)
+    monkeypatch.setattr("ssfl.deploy.run_deployment", refuse)
+    monkeypatch.setattr("ssfl.sweep.run_or_reuse", refuse)
+
+
+# ----- --out that holds a run ----------------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "deploy-local"])
+def test_an_out_holding_a_run_is_exit_2_naming_it_and_the_choices(
+    command, exp, tmp_path, nothing_starts
+):
+    out = tmp_path / "out"
+    before = hold_run(out)
+    code, lines = cli(command, str(exp), "--out", str(out))
+    assert code == 2 and len(lines) == 1
+    assert lines[0] == (
+        f"ssfl: error: --out {out} holds a fedseal run (completed, 4 of 4 rounds done); "
+        "continue it with --resume, replace it with --overwrite, or choose another --out"
+    )
+    assert (out / "results.json").read_text() == before
+
+
+def test_a_killed_run_is_named_from_its_checkpoint_and_metrics(exp, tmp_path, nothing_starts):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"x")
+    (out / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
+    code, lines = cli("run", str(exp), "--out", str(out))
+    assert code == 2 and len(lines) == 1
+    assert "holds a killed run (a checkpoint, 2 rounds in metrics.jsonl" in lines[0]
+
+
+def test_resume_and_overwrite_together_are_refused(exp, tmp_path, nothing_starts):
+    code, lines = cli("run", str(exp), "--out", str(tmp_path), "--resume", "--overwrite")
+    assert (code, lines) == (
+        2,
+        ["ssfl: error: --resume and --overwrite exclude each other; give one"],
+    )
+
+
+def test_overwrite_replaces_the_run(exp, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    hold_run(out)
+    (out / "checkpoint-r002.pt").write_bytes(b"x")
+    started = []
+    monkeypatch.setattr(runner.LocalSuperLink, "launch", lambda self: None)
+    monkeypatch.setattr(runner.LocalSuperLink, "close", lambda self, out=None: None)
+    monkeypatch.setattr(runner, "run_simulation", lambda *a, **kw: started.append(kw) or HELD)
+    monkeypatch.setattr("ssfl.cli.report", lambda *a: None)
+    code, _ = cli("run", str(exp), "--out", str(out), "--overwrite")
+    assert code == 0 and started[0]["resume"] is False
+    runner.prepare_out(out, resume=False)
+    assert not (out / "checkpoint-r002.pt").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "deploy-local", "sweep", "reproduce"])
+def test_an_out_under_a_regular_file_is_one_line(command, exp, tmp_path, nothing_starts):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker / "sub"
+    args = {
+        "run": ["run", str(exp)],
+        "deploy-local": ["deploy-local", str(exp)],
+        "sweep": ["sweep", str(exp), "--set-grid", "client.lr=0.1,0.2"],
+        "reproduce": ["reproduce", "fedseal-table1"],
+    }[command]
+    code, lines = cli(*args, "--out", str(out))
+    assert (code, lines) == (
+        2,
+        [f"ssfl: error: --out {out} is under the file {blocker}; choose a folder"],
+    )
+
+
+def test_a_sweep_cell_holding_another_run_is_refused_before_any_runs(exp, tmp_path, nothing_starts):
+    out = tmp_path / "sweep"
+    before = hold_run(out / "client.lr=0.2")
+    code, lines = cli("sweep", str(exp), "--set-grid", "client.lr=0.1,0.2", "--out", str(out))
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(
+        f"ssfl: error: cell folder {out / 'client.lr=0.2'} holds a fedseal run"
+    )
+    assert lines[0].endswith("--resume, replace it with --overwrite, or choose another --out")
+    assert (out / "client.lr=0.2" / "results.json").read_text() == before
+
+
+def test_a_sweep_reuses_finished_cells_and_reruns_others_with_overwrite(exp, tmp_path, monkeypatch):
+    from ssfl import sweep as sweep_module
+
+    out = tmp_path / "sweep"
+    cfg = resolve_experiment(exp, None, None, ["client.lr=0.1"])
+    done = {**HELD, "config": cfg, "rounds": [{"round": 1, "test_accuracy": 0.5}]}
+    (out / "client.lr=0.1").mkdir(parents=True)
+    (out / "client.lr=0.1" / "results.json").write_text(json.dumps(done))
+    hold_run(out / "client.lr=0.2")
+    actions = []
+    monkeypatch.setattr(
+        sweep_module,
+        "run_or_reuse",
+        lambda cfg, where, label, action: (
+            actions.append((where.name, action)) or {**done, "final_test_accuracy": 0.5}
+        ),
+    )
+    for name in ("sweep_table", "plot_sweep", "plot_curves"):
+        monkeypatch.setattr(sweep_module, name, lambda *a, **kw: "")
+    code, _ = cli(
+        "sweep", str(exp), "--set-grid", "client.lr=0.1,0.2", "--out", str(out), "--overwrite"
+    )
+    assert code == 0
+    assert actions == [("client.lr=0.1", "reuse"), ("client.lr=0.2", "run")]
+
+
+def test_a_reproduce_cell_holding_another_run_is_refused_before_any_runs(tmp_path, nothing_starts):
+    table = TABLES["fedseal-table1"]
+    row, column = table.rows[-1], list(table.columns)[-1]
+    out = tmp_path / "rep"
+    held = cell_dir(out, row, column)
+    before = hold_run(held)
+    code, lines = cli("reproduce", "fedseal-table1", "--out", str(out), "--rounds", "1")
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"ssfl: error: cell folder {held} holds a fedseal run (completed")
+    assert (held / "results.json").read_text() == before
+
+
+# ----- Stale temporary folders ----------------------------------------------------------
+def test_a_second_command_removes_stale_temporary_folders_and_keeps_live_ones(own_tempdir):
+    live, reused, dead, foreign = (
+        own_tempdir / name
+        for name in ("ssfl-flwr-home-a", "ssfl-app-b", "ssfl-deploy-c", "ssfl-flwr-home-d")
+    )
+    for path in (live, reused, dead, foreign):
+        path.mkdir()
+    (live / OWNER_FILE).write_text(owner_line())
+    (reused / OWNER_FILE).write_text(f"{os.getpid()} 1")  # this pid, another process's start
+    (dead / OWNER_FILE).write_text(f"{unused_pid()} 5")
+    code, _ = cli("compare", str(own_tempdir / "no-such-run"))
+    assert code == 2
+    assert sorted(p.name for p in own_tempdir.iterdir()) == [live.name, foreign.name]
+
+
+def unused_pid() -> int:
+    """A pid no process has now."""
+    pid = os.getpid() + 100_000
+    while Path(f"/proc/{pid}").exists():
+        pid += 1
+    return pid
+
+
+def test_remove_stale_folders_leaves_other_folders_alone(own_tempdir):
+    other = own_tempdir / "something-else"
+    other.mkdir()
+    (other / OWNER_FILE).write_text(f"{unused_pid()} 5")
+    assert remove_stale_folders() == [] and other.is_dir()
+
+
+# ----- Signals and the interrupted record ----------------------------------------------
+def test_sigint_and_sigterm_raise_run_interrupted_and_the_handlers_come_back():
+    before = signal.getsignal(signal.SIGINT)
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        with pytest.raises(RunInterrupted) as caught, stop_signals():
+            os.kill(os.getpid(), sig)
+            time.sleep(1)
+        assert caught.value.exit_code == code
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupted_run_records_its_checkpoint_rounds(exp, tmp_path):
+    cfg = resolve_experiment(exp)
+    rows = [{"round": 1, "test_accuracy": 0.25}, {"round": 2, "test_accuracy": 0.5}]
+    out = tmp_path / "out"
+    save_checkpoint(
+        {"round": 2, "config": json.dumps(cfg), "rows": json.dumps(rows)}, out / "checkpoint.pt"
+    )
+    with pytest.raises(RunInterrupted) as caught, record_interruption(out):
+        raise RunInterrupted(signal.SIGINT)
+    assert (caught.value.out, caught.value.rounds_done) == (out, 2)
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "interrupted" and results["rounds"] == rows
+    assert (results["method"], results["rounds_done"], results["final_test_accuracy"]) == (
+        "fedseal",
+        2,
+        0.5,
+    )
+
+
+def test_the_resume_command_adds_resume_and_out_and_drops_overwrite():
+    argv = ["run", "exp.yaml", "--set", "client.lr=0.1 x", "--overwrite"]
+    assert resume_command(argv, Path("runs/a")) == (
+        "ssfl run exp.yaml --set 'client.lr=0.1 x' --resume --out runs/a"
+    )
+    argv = ["sweep", "e.yaml", "--out", "s", "--resume"]
+    assert resume_command(argv, Path("s/cell")) == "ssfl sweep e.yaml --out s --resume"
+
+
+# ----- End to end: the real processes ---------------------------------------------------
+def run_processes(tempdir: Path) -> list[int]:
+    """Pids of the processes whose FLWR_HOME lies in ``tempdir`` (a run's own scratch homes:
+    SuperLink, SuperExecs, SuperNodes, the simulation, Ray's processes)."""
+    needle = f"FLWR_HOME={tempdir}".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture
+def short_tmp() -> Path:
+    """A temporary folder for the CLI's runs with a short path (Ray's socket paths under it
+    must stay within 107 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="stop-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_cli(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ssfl.cli", command, str(exp), "--out", str(out), "--quiet"]
+    env = {**os.environ, "TMPDIR": str(tempdir)}
+    return subprocess.Popen(
+        [*cmd, *args],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_round(proc: subprocess.Popen, out: Path, rnd: int, timeout: float = 400) -> None:
+    """Until round ``rnd``'s checkpoint is written (the next round is then in flight)."""
+    deadline = time.monotonic() + timeout
+    path = out / "checkpoint.pt"
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(Exception):
+            if path.is_file() and load_checkpoint(path)["round"] >= rnd:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"round {rnd} was not checkpointed (exit {proc.poll()})")
+
+
+def gone_within(tempdir: Path, seconds: float) -> bool:
+    """Whether no process of the run and no temporary folder is left within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not run_processes(tempdir) and not list(tempdir.glob("ssfl-*")):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def finish(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> dict:
+    proc = start_cli(command, exp, out, tempdir, *args)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> list[dict]:
+    """The rows of the uninterrupted run (shared by the end-to-end tests)."""
+    folder = tmp_path_factory.mktemp("straight")
+    raw = tiny_raw("fedseal")
+    raw["rounds"] = 2
+    raw["server"]["bootstrap_epochs"] = 0
+    (folder / "exp.yaml").write_text(yaml.safe_dump(raw))
+    runs_tmp = Path(tempfile.mkdtemp(prefix="stop-", dir="/tmp"))
+    try:
+        results = finish("run", folder / "exp.yaml", folder / "out", runs_tmp)
+    finally:
+        shutil.rmtree(runs_tmp, ignore_errors=True)
+    return without_seconds(results["rounds"])
+
+
+@pytest.mark.e2e
+@pytest.mark.process
+def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_numbers(
+    exp, tmp_path, short_tmp, straight
+):
+    out = tmp_path / "out"
+    proc = start_cli("run", exp, out, short_tmp)
+    wait_for_round(proc, out, 1)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10 and proc.returncode == 130
+    assert err.strip().splitlines()[-1] == (
+        f"ssfl: interrupted (SIGINT) after round 1; continue with: ssfl run {exp} --out {out} "
+        "--quiet --resume"
+    )
+    assert gone_within(short_tmp, 1)
+    results = json.loads((out / "results.json").read_text())
+    assert (results["status"], results["rounds_done"]) == ("interrupted", 1)
+    assert without_seconds(results["rounds"]) == straight[:1]
+    resumed = finish("run", exp, out, short_tmp, "--resume")
+    assert resumed["status"] == "completed"
+    assert without_seconds(resumed["rounds"]) == straight
+
+
+@pytest.mark.e2e
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("command", "whom"), [("run", "cli"), ("run", "group"), ("deploy-local", "cli")]
+)
+def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
+    command, whom, exp, tmp_path, short_tmp, straight
+):
+    out = tmp_path / "out"
+    proc = start_cli(command, exp, out, short_tmp)
+    wait_for_round(proc, out, 1)
+    assert run_processes(short_tmp)  # the test sees the run's processes
+    if whom == "cli":
+        proc.kill()
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert gone_within(short_tmp, 10)
+    resumed = finish(command, exp, out, short_tmp, "--resume")
+    assert resumed["status"] == "completed"
+    assert without_seconds(resumed["rounds"]) == straight
