@@ -369,14 +369,15 @@ def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_number
     sent = time.monotonic()
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - sent < 10 and proc.returncode == 130
+    results = json.loads((out / "results.json").read_text())
+    done = results["rounds_done"]  # round 2 may complete while the run stops (tiny rounds)
+    assert results["status"] == "interrupted" and done in (1, 2)
     assert err.strip().splitlines()[-1] == (
-        f"ssfl: interrupted (SIGINT) after round 1; continue with: ssfl run {exp} --out {out} "
-        "--quiet --resume"
+        f"ssfl: interrupted (SIGINT) after round {done}; continue with: ssfl run {exp} "
+        f"--out {out} --quiet --resume"
     )
     assert gone_within(short_tmp, 1)
-    results = json.loads((out / "results.json").read_text())
-    assert (results["status"], results["rounds_done"]) == ("interrupted", 1)
-    assert without_seconds(results["rounds"]) == straight[:1]
+    assert without_seconds(results["rounds"]) == straight[:done]
     resumed = finish("run", exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == straight
