@@ -16,7 +16,6 @@ from ssfl.experiment import (
     check_out_path,
     check_resumable,
     default_out,
-    read_experiment,
     resolve_experiment,
 )
 from ssfl.lifecycle import RunInterrupted, remove_stale_folders, stop_signals
@@ -42,15 +41,13 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """Fail on a bad experiment before any process starts: the file, its text and its method
-    always; the whole config too when --set swaps the method (that needs torch, else
-    imported while the SuperLink boots)."""
-    from tasks.config import parse_overrides
+    """Fail on a bad experiment before any process starts: the file, its text, its method,
+    every key of the resolved config and its device (`cuda` needs a GPU and a nonzero
+    share); the data are checked while the SuperLink boots."""
+    from ssfl.gpu import check_run_device, gpu_count
 
-    raw = read_experiment(args.experiment)
-    swapped = parse_overrides(args.set or []).get("method", raw["method"])
-    if swapped != raw["method"]:
-        resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
+    cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
+    check_run_device(cfg, gpu_count())
 
 
 def report(results: dict[str, Any], out: Path) -> None:
@@ -62,13 +59,11 @@ def report(results: dict[str, Any], out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ssfl.gpu import refuse_cuda_early
     from ssfl.progress import check_loggers
     from ssfl.runner import LocalSuperLink, RunFailed, run_simulation
 
     loggers = check_loggers(args.log or [])
     precheck(args)
-    refuse_cuda_early(args.experiment, args.set or [])  # before any process starts
     check_out_arg(args)  # before the SuperLink boots
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:

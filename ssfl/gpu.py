@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.config import ConfigError, deep_merge, parse_overrides, read_yaml
+from tasks.config import ConfigError
 
 # simulation.num_gpus's default: the share is picked by :func:`client_gpu_share`.
 AUTO_SHARE = -1.0
@@ -73,17 +73,3 @@ def check_run_device(cfg: Mapping[str, Any], gpus: int) -> float:
     share = client_gpu_share(cfg, gpus)
     check_cuda(cfg["device"], share, gpus)
     return share
-
-
-def refuse_cuda_early(path: str, sets: list[str]) -> None:
-    """Before any process starts: the experiment file plus ``--set`` overrides, when they
-    ask for ``device: cuda``, must find a GPU and a nonzero share (no torch import
-    otherwise; values of a wrong type are left to the full check)."""
-    raw = deep_merge(read_yaml(path), parse_overrides(list(sets)))
-    if raw.get("device") != "cuda":
-        return
-    sim = raw.get("simulation")
-    share = sim.get("num_gpus", AUTO_SHARE) if isinstance(sim, Mapping) else AUTO_SHARE
-    if not isinstance(share, (int, float)) or isinstance(share, bool):
-        share = AUTO_SHARE
-    check_cuda("cuda", float(share), gpu_count())

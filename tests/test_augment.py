@@ -12,8 +12,7 @@ from tasks.augment import (
     grouped_views,
     randaugment_ops,
 )
-from tests.harness import InProcessGrid, run_method
-from tests.test_resume import STEP_METHODS, tiny_raw
+from tests.harness import STEP_METHODS, InProcessGrid, everyday_first, run_method, tiny_raw
 
 
 def batch_of_one_image(n=64, channels=1, size=28):
@@ -133,7 +132,7 @@ STRONG_VIEW_METHODS = (
 )
 
 
-@pytest.mark.parametrize("method", STRONG_VIEW_METHODS)
+@pytest.mark.parametrize("method", everyday_first(STRONG_VIEW_METHODS))
 def test_a_client_round_draws_its_strong_views_in_grouped_calls(method, monkeypatch):
     """Six batches of 16 a round: one RandAugment call per strong view, not one per batch
     (issue 21: RandAugment runs all of its ops on every call)."""

@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from ssfl.experiment import resolve_config, resolve_experiment
 from tasks.config import ConfigError, flatten, parse_overrides
 from tests.conftest import ROOT
+from tests.harness import run_cli
 
 
 def test_defaults_fill_every_key_and_method_defaults_apply():
@@ -88,19 +86,10 @@ def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ssfl.cli", "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-
-
 SERVER_SL = str(ROOT / "experiments/fmnist-las/server_sl.yaml")
 
 
+@pytest.mark.process
 def test_cli_misspelled_key_exits_2_with_one_line():
     proc = run_cli(SERVER_SL, "--set", "clinet.lr=0.1")
     assert proc.returncode == 2
@@ -113,6 +102,7 @@ def test_cli_missing_experiment_exits_2():
     assert proc.returncode == 2 and "experiment file not found" in proc.stderr
 
 
+@pytest.mark.process
 def test_cli_missing_data_exits_2_naming_the_folder(tmp_path):
     proc = run_cli(
         SERVER_SL, "--set", f"dataset.root={tmp_path}", "--set", "dataset.download=false"
@@ -122,6 +112,7 @@ def test_cli_missing_data_exits_2_naming_the_folder(tmp_path):
     assert len(lines) == 1 and str(tmp_path) in lines[0] and "fashion_mnist not found" in lines[0]
 
 
+@pytest.mark.process
 def test_cli_out_path_with_a_quote_is_refused(tmp_path):
     proc = run_cli(SERVER_SL, "--out", str(tmp_path / "it's"))
     assert proc.returncode == 2 and "single quote" in proc.stderr

@@ -24,8 +24,7 @@ from tasks.checkpoint import load_checkpoint
 from tasks.data import dataset_info
 from tasks.models import model_for
 from tasks.partition import get_split
-from tests.harness import InProcessGrid
-from tests.test_resume import tiny_raw
+from tests.harness import InProcessGrid, tiny_raw
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

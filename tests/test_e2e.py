@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from tasks.config import deep_merge
 from tasks.data import dataset_info
 from tasks.models import model_for, without_ssl_heads
 from tests.conftest import ROOT
+from tests.harness import alive, descendants, processes, ssfl_run
 
 pytestmark = pytest.mark.e2e
 
@@ -59,13 +59,6 @@ def state_bytes(mcfg: dict) -> int:
     """Bytes of a synthetic28 model's state dict."""
     model = model_for(mcfg, dataset_info("synthetic28"))
     return sum(v.numel() * v.element_size() for v in model.state_dict().values())
-
-
-def ssfl_run(experiment, out, *args):
-    cmd = [sys.executable, "-m", "ssfl.cli", "run", str(experiment), "--out", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text())
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -166,21 +159,6 @@ def test_compare_prints_a_table(tmp_path, synthetic_raw):
     assert (tmp_path / "c.png").stat().st_size > 0
 
 
-def processes() -> list[tuple[int, int, str]]:
-    """(pid, parent pid, command line) of every process, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_text()
-        except (OSError, ValueError, IndexError):
-            continue
-        found.append((int(entry.name), ppid, cmdline))
-    return found
-
-
 def started_by(pid: int, name: str) -> list[int]:
     """The processes whose parent is ``pid`` and whose command line holds ``name``."""
     return [p for p, ppid, cmd in processes() if ppid == pid and name in cmd]
@@ -192,23 +170,6 @@ def command(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text()
     except OSError:
         return ""
-
-
-def descendants(pid: int) -> list[int]:
-    table, found, todo = processes(), [], [pid]
-    while todo:
-        parent = todo.pop()
-        children = [p for p, ppid, _ in table if ppid == parent]
-        found += children
-        todo += children
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_sigterm_stops_the_superlink_and_all_it_started(tmp_path, synthetic_raw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import Message
 
@@ -83,6 +84,7 @@ def test_server_trains_sigma_only(synthetic_raw):
     assert not torch.equal(strategy.server.model.flat("sigma"), before["sigma"])
 
 
+@pytest.mark.slow
 def test_labels_at_client_uploads_both_parts(synthetic_raw):
     raw = fedmatch_raw(synthetic_raw, rounds=1, delta=5.0e-5, lambda_l1=1.0e-4)
     raw["split"] = {**raw["split"], "scenario": "labels_at_client", "labeled_per_class": 0}
@@ -98,6 +100,7 @@ def test_labels_at_client_uploads_both_parts(synthetic_raw):
     assert strategy.parts.codec.uploaded == ("sigma", "psi")
 
 
+@pytest.mark.slow
 def test_ablations_no_helpers_and_no_decomposition(synthetic_raw):
     grid = InProcessGrid(3)
     _, rows = run(fedmatch_raw(synthetic_raw, num_helpers=0), grid)
@@ -113,6 +116,7 @@ def test_ablations_no_helpers_and_no_decomposition(synthetic_raw):
     assert np.isfinite(rows[-1]["test_loss"])
 
 
+@pytest.mark.slow
 def test_a_client_out_of_sync_fails_and_gets_the_dense_model_next(synthetic_raw):
     grid = InProcessGrid(3)
     lost = next(iter(grid.contexts))
@@ -131,6 +135,7 @@ def test_a_client_out_of_sync_fails_and_gets_the_dense_model_next(synthetic_raw)
     assert sorted(m.content["config"]["sync-since"] for m in last.values()) == [-1, 2, 2]
 
 
+@pytest.mark.slow
 def test_load_local_rebuilds_the_client_model_from_its_reply(synthetic_raw):
     raw = fedmatch_raw(synthetic_raw, delta=0.0)  # delta 0: the public copy is exact
     raw["split"] = {**raw["split"], "num_clients": 1}

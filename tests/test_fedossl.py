@@ -52,6 +52,7 @@ def run(**changes) -> tuple[list[dict], object]:
     return cached_run(json.dumps(changes, sort_keys=True))
 
 
+@pytest.mark.slow
 def test_fedossl_rounds_carry_the_open_world_metrics_and_their_best_so_far():
     rows, strategy = run()
     for row in rows:
@@ -76,6 +77,7 @@ def test_centroids_travel_only_with_the_calibration_module_and_are_counted():
     assert "local_centroids" not in without[0] and without[0]["cluster_loss"] == 0.0
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers():
     """A one-round run repeats the first round of the two-round run, number for number."""
     first, _ = run(rounds=1)
@@ -84,6 +86,7 @@ def test_same_seed_same_numbers():
     assert [first[0][k] for k in keys] == [second[0][k] for k in keys]
 
 
+@pytest.mark.slow
 def test_fedrep_keeps_each_clients_classifier_and_sends_it_back_to_it():
     _, strategy = run(rounds=1, algo={"gamma": 0.0, "personal": "head"})
     aggregator = strategy.parts.aggregator
@@ -98,6 +101,7 @@ def test_fedrep_keeps_each_clients_classifier_and_sends_it_back_to_it():
         np.testing.assert_array_equal(start[key], expected)
 
 
+@pytest.mark.slow
 def test_local_only_evaluates_the_mean_over_the_clients_own_models():
     rows, strategy = run(rounds=1, algo={"gamma": 0.0, "personal": "all"})
     evaluator, aggregator = strategy.parts.evaluator, strategy.parts.aggregator
@@ -110,6 +114,7 @@ NACH = {"beta": 0.0, "gamma": 0.0, "objective": "nach", "max_margin": 0.0}
 SEMIFL = {"beta": 0.0, "gamma": 0.0, "objective": "semifl"}
 
 
+@pytest.mark.slow
 def test_nach_rounds_report_self_training_and_filtered_pairs_without_centroids():
     rows, _ = run(algo=NACH)
     for row in rows:
@@ -182,6 +187,7 @@ def test_bad_fedossl_configs_are_refused_with_one_line(changes, key):
         resolve_config(deep_merge(BASE, changes))
 
 
+@pytest.mark.process
 def test_a_split_leaving_a_client_no_unseen_class_exits_2_with_one_line(tmp_path):
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(deep_merge(BASE, {"split": {"class_roles": "SSSSSSSSSS"}})))

@@ -17,8 +17,7 @@ from ssfl.gpu import AUTO_SHARE, auto_share, check_run_device, client_gpu_share
 from tasks.config import ConfigError
 from tasks.results import Recorder
 from tasks.train import device_name
-from tests.harness import InProcessGrid, run_method
-from tests.test_resume import tiny_raw
+from tests.harness import InProcessGrid, run_method, tiny_raw
 
 
 def cfg_of(**sections) -> dict:

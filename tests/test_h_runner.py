@@ -21,7 +21,7 @@ from ssfl.runner import (
     federation_config,
     flwr_env,
 )
-from tests.test_e2e import alive, descendants
+from tests.harness import alive, descendants
 
 
 def test_federation_config_runs_one_supernode_per_client():

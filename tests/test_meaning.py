@@ -23,8 +23,7 @@ from ssfl.registry import METHODS
 from tasks.config import RULES, ConfigError, Range, deep_merge, flatten
 from tasks.partition import get_split
 from tests.conftest import ROOT
-from tests.harness import InProcessGrid, run_method
-from tests.test_config import run_cli
+from tests.harness import InProcessGrid, everyday_sample, run_cli, run_method
 
 PROBES: tuple[Any, ...] = (-1, 0, 10**12, 1e12, math.nan, "x")
 
@@ -150,10 +149,13 @@ def rule_of(name: str, key: str) -> Range | None:
 
 
 def must_refuse(name: str, key: str, probe: Any) -> bool:
-    """-1, NaN and strings are no key's number; 10^12 fits no bounded key; every count is
-    an int, so the float 1e12 fits only a float key without an upper bound."""
-    if isinstance(probe, str) or probe == -1 or probe != probe:
+    """NaN and strings are no key's number, nor is -1 unless the key's range declares it (as
+    simulation.num_gpus's auto); 10^12 fits no bounded key; every count is an int, so the
+    float 1e12 fits only a float key without an upper bound."""
+    if isinstance(probe, str) or probe != probe:
         return True
+    if probe == -1:
+        return not rule_of(name, key).holds(-1)
     if probe != 1e12:
         return False
     default = flatten(resolve_config(raw_for(name)))[key]
@@ -218,7 +220,7 @@ def deadline(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.mark.parametrize("name, key, probe", accepted_cases())
+@pytest.mark.parametrize("name, key, probe", everyday_sample(accepted_cases()))
 def test_an_accepted_value_completes_a_round_or_its_data_refuses_it(name, key, probe):
     raw = probed(name, key, probe)
     try:
@@ -231,6 +233,7 @@ def test_an_accepted_value_completes_a_round_or_its_data_refuses_it(name, key, p
     assert [row["round"] for row in rows] == [1]
 
 
+@pytest.mark.process
 def test_cli_refuses_a_negative_learning_rate_with_exit_2_and_one_line():
     proc = run_cli(str(ROOT / "experiments/fmnist-las/fedseal.yaml"), "--set", "client.lr=-1")
     assert proc.returncode == 2

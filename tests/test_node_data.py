@@ -10,8 +10,7 @@ from PIL import Image
 from client_app.base import Node, node_from_config
 from tasks.config import ConfigError
 from tasks.data import DatasetInfo, dataset_info, load_image_folder
-from tests.harness import InProcessGrid
-from tests.test_strategy import run
+from tests.harness import InProcessGrid, run_method
 
 GRAY28 = dataset_info("fashion_mnist")  # 1 channel, 28 x 28
 RGB32 = dataset_info("synthetic32")  # 3 channels, 32 x 32
@@ -108,7 +107,7 @@ def node_metrics(grid: InProcessGrid, pid: int) -> dict:
 @pytest.mark.parametrize("method", ["fedavg_fixmatch", "fedseal"])
 def test_node_with_own_images_trains_without_label_diagnostics(method, tmp_path, synthetic_raw):
     grid = InProcessGrid(3, node_data={1: image_folder(tmp_path / "node1", 40)})
-    rows = run({**synthetic_raw, "method": method, "rounds": 1}, grid)
+    rows = run_method({**synthetic_raw, "method": method, "rounds": 1}, grid)[0]
     assert rows[0]["clients"] == 3 and rows[0]["failures"] == 0
     own, partition = node_metrics(grid, 1), node_metrics(grid, 0)
     assert own["num-examples"] == 40 and partition["num-examples"] == 200
@@ -122,7 +121,7 @@ def test_node_with_own_images_trains_without_label_diagnostics(method, tmp_path,
 
 def test_missing_folder_fails_that_node_only(tmp_path, synthetic_raw):
     grid = InProcessGrid(3, node_data={2: str(tmp_path / "missing")})
-    rows = run({**synthetic_raw, "rounds": 1}, grid)
+    rows = run_method({**synthetic_raw, "rounds": 1}, grid)[0]
     assert rows[0]["clients"] == 2 and rows[0]["failed_partitions"] == [2]
     reason = next(r for r in grid.replies if r.has_error()).error.reason
     assert "no such folder" in reason and str(tmp_path / "missing") in reason
@@ -130,7 +129,7 @@ def test_missing_folder_fails_that_node_only(tmp_path, synthetic_raw):
 
 def test_supervised_method_refuses_unlabeled_node(tmp_path, synthetic_raw):
     grid = InProcessGrid(3, node_data={0: image_folder(tmp_path / "node0", 10)})
-    rows = run({**synthetic_raw, "method": "fedavg_sl", "rounds": 1}, grid)
+    rows = run_method({**synthetic_raw, "method": "fedavg_sl", "rounds": 1}, grid)[0]
     assert rows[0]["failed_partitions"] == [0]
     assert "only unlabeled images" in next(r for r in grid.replies if r.has_error()).error.reason
 
@@ -138,7 +137,7 @@ def test_supervised_method_refuses_unlabeled_node(tmp_path, synthetic_raw):
 def test_fedseal_oracle_labels_refuse_unlabeled_node(tmp_path, synthetic_raw):
     grid = InProcessGrid(3, node_data={1: image_folder(tmp_path / "node1", 10)})
     raw = {**synthetic_raw, "method": "fedseal", "rounds": 1, "algo": {"oracle_labels": True}}
-    rows = run(raw, grid)
+    rows = run_method(raw, grid)[0]
     assert rows[0]["failed_partitions"] == [1]
     assert (
         "oracle_labels needs known labels"

@@ -17,7 +17,7 @@ import pytest
 from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS, method
 from tasks.config import CHOICES, ConfigError, deep_merge, flatten
-from tests.harness import InProcessGrid, run_method
+from tests.harness import InProcessGrid, everyday_sample, run_method
 
 # A bootstrapped model confident enough for pseudo-labels, thresholds and complementary
 # labels to be non-empty; three clients so that groups and helpers can vary.
@@ -160,7 +160,7 @@ def numbers(raw: dict[str, Any]) -> tuple[float, ...]:
 CASES = [(name, key) for name in sorted(METHODS) for key in declared_keys(name)]
 
 
-@pytest.mark.parametrize("name, key", CASES)
+@pytest.mark.parametrize("name, key", everyday_sample(CASES))
 def test_every_declared_key_changes_something_or_is_refused(name, key):
 
     raw = deep_merge(raw_for(name), TOGETHER.get((name, key), TOGETHER.get(key, {})))

@@ -59,6 +59,7 @@ def sampled_round(cfg: dict) -> tuple[list[dict], int, ServerSide]:
     return rows, len(trained), server
 
 
+@pytest.mark.slow
 def test_cifar10_table2_config_on_synthetic_32x32():
     cfg = resolve_experiment(ROOT / "experiments/cifar10-las/fedseal.yaml", sets=SHRINK)
     rows, trained, _ = sampled_round(cfg)
@@ -93,6 +94,7 @@ def run_one_round(cfg: dict) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["ssfl-cifar10/grouping_gn.yaml", "ssfl-svhn/crl_gn.yaml"])
 def test_ssfl_paper_configs_on_synthetic_32x32(experiment):
     cfg = resolve_experiment(ROOT / "experiments" / experiment, sets=SSFL_SHRINK)
@@ -108,6 +110,7 @@ def test_ssfl_paper_configs_on_synthetic_32x32(experiment):
 CIFAR_BATCH = ROOT / "experiments/cifar10-batch"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "extra"),
     [("fedmatch_iid_las", []), ("fedmatch_noniid_lac", ["split.client_labeled_per_class=1"])],

@@ -23,8 +23,7 @@ from strategies.loop import RunStalled, failure_cause
 from strategies.parts import numpy_state
 from tasks.config import ConfigError
 from tasks.results import Recorder
-from tests.harness import InProcessGrid, build_strategy, run_method
-from tests.test_resume import tiny_raw
+from tests.harness import InProcessGrid, build_strategy, run_method, tiny_raw
 
 Tamper = Callable[[dict[str, np.ndarray], dict], None]
 
@@ -166,6 +165,7 @@ def global_state(strategy) -> dict[str, torch.Tensor]:
     return strategy.server.model.state_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "tampers", "split"),
     [
@@ -356,7 +356,7 @@ def test_a_failed_clients_reason_is_cut_to_its_cause():
     assert failure_cause("the node went away\nfor good") == "the node went away for good"
 
 
-def test_a_refused_config_stops_the_superlink_booting_beside_it(tmp_path, monkeypatch, capsys):
+def test_a_refused_config_starts_no_superlink(tmp_path, monkeypatch, capsys):
     links = []
     booting = ssfl.runner.LocalSuperLink.booting.__func__
 
@@ -369,9 +369,7 @@ def test_a_refused_config_stops_the_superlink_booting_beside_it(tmp_path, monkey
     experiment.write_text(yaml.safe_dump({"method": "server_sl", "client": {"lr": -1}}))
     assert main(["run", str(experiment), "--out", str(tmp_path / "out")]) == 2
     assert "client.lr" in capsys.readouterr().err
-    (link,) = links
-    assert link.process.poll() is not None and not link.home.exists()
-    assert link.ray.process.poll() is not None  # the run's Ray cluster stopped too
+    assert links == []  # refused before any process starts
 
 
 def test_ssfl_run_stops_its_superlink_whatever_the_runner_does(

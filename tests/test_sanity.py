@@ -26,6 +26,7 @@ def test_labeled_indices_take_n_of_every_class_reproducibly():
     assert np.array_equal(idx, labeled_indices(labels, 5, seed=3))
 
 
+@pytest.mark.slow
 def test_fixmatch_parts_learn_and_log_gradient_norms(tmp_path):
     results = run_sanity("fixmatch", "synthetic28", tmp_path, SHORT, SYNTHETIC)
     written = json.loads((tmp_path / "results.json").read_text())

@@ -19,8 +19,7 @@ from tasks.config import DEFAULTS, ConfigError
 from tasks.models import model_for
 from tasks.train import autocast
 from tests.conftest import ROOT
-from tests.harness import InProcessGrid, run_method
-from tests.test_resume import tiny_raw
+from tests.harness import InProcessGrid, run_method, tiny_raw
 
 
 def one_round(method: str, **sections) -> list[dict]:
@@ -104,6 +103,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="mallopt is glibc's",

@@ -32,7 +32,7 @@ from ssfl.lifecycle import (
 from ssfl.reproduce import TABLES, cell_dir
 from tasks.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import ROOT
-from tests.test_resume import tiny_raw, without_seconds
+from tests.harness import tiny_raw, without_seconds
 
 HELD = {
     "status": "completed",

@@ -36,6 +36,7 @@ def test_replies_are_aggregated_in_partition_order_whatever_their_arrival(synthe
         assert [u.pid for u in updates] == [0, 1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedavg_fixmatch", "fedmatch"])
 def test_same_seed_same_numbers_whatever_the_reply_order(synthetic_raw, method):
     raw = {**synthetic_raw, "method": method}
@@ -48,6 +49,7 @@ def test_same_seed_same_numbers_whatever_the_reply_order(synthetic_raw, method):
     assert all(rows(seed) == first for seed in (1, 2, 3))
 
 
+@pytest.mark.slow
 def test_sampling_is_deterministic_and_sized(synthetic_raw):
     raw = {**synthetic_raw, "federation": {"clients_per_round": 2}}
     grid = InProcessGrid(3)
@@ -126,6 +128,7 @@ def test_fedseal_tau_is_clipped_to_tau_max(synthetic_raw):
     assert max(t for r in rows for t in r["tau"]) == pytest.approx(0.3)
 
 
+@pytest.mark.slow
 def test_fedseal_oracle_labels_keep_the_positive_set_and_fix_its_labels(synthetic_raw):
     every = {"classwise_threshold": False, "fixed_threshold": 0.0}  # all samples positive
     plain = run(fedseal_raw(synthetic_raw, **every), InProcessGrid(3))
@@ -135,6 +138,7 @@ def test_fedseal_oracle_labels_keep_the_positive_set_and_fix_its_labels(syntheti
     assert [r["pseudo_label_accuracy"] for r in oracle] == pytest.approx([1.0] * len(oracle))
 
 
+@pytest.mark.slow
 def test_aggregate_accuracy_is_the_model_before_the_server_step(synthetic_raw):
     # No BatchNorm and a server rate far below float32's resolution of the weights: the
     # server step leaves the aggregate unchanged.
@@ -149,6 +153,7 @@ def test_aggregate_accuracy_is_the_model_before_the_server_step(synthetic_raw):
     assert trained[-1]["aggregate_accuracy"] != trained[-1]["test_accuracy"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "raw_update",
     [
@@ -174,6 +179,7 @@ def test_local_accuracy_of_a_lone_client_is_its_uploaded_model(synthetic_raw, me
     assert [r["local_accuracy"] for r in rows] == [r["test_accuracy"] for r in rows]
 
 
+@pytest.mark.slow
 def test_local_accuracy_is_recorded_only_when_asked(synthetic_raw):
     assert all("local_accuracy" not in r for r in run(synthetic_raw, InProcessGrid(3)))
     trained = {
@@ -194,6 +200,7 @@ def test_local_accuracy_is_recorded_only_when_asked(synthetic_raw):
     assert len(set(accuracies)) > 1  # the clients' models differ
 
 
+@pytest.mark.slow
 def test_eval_every_tests_only_the_asked_rounds_and_the_last_without_changing_training(
     synthetic_raw, tmp_path
 ):
