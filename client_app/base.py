@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from tasks.train import (
     resolve_device,
     scheduled_lr,
     seeded,
+    step_batches,
     steps_per_round,
     to_float,
 )
@@ -248,6 +249,19 @@ class ClientHalf(ABC):
         ccfg = self.cfg["client"]
         n = len(self.data.x) if n is None else n
         return steps_per_round(n, ccfg["batch_size"], ccfg["epochs"], ccfg["local_steps"])
+
+    def round_batches(self) -> Iterator[torch.Tensor]:
+        """This round's index batches over the unlabeled data, on its device (client.epochs
+        passes, or client.local_steps = T batches)."""
+        ccfg, x = self.cfg["client"], self.data.x
+        return step_batches(
+            len(x),
+            ccfg["batch_size"],
+            self.generator,
+            ccfg["epochs"],
+            ccfg["local_steps"],
+            device=x.device,
+        )
 
     def lr_at(self, step: int, round_steps: int) -> float:
         """The rate of local step ``step`` (cfg ``lr_schedule``; SSFL eq. 9 when cosine)."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.losses import proximal_term
-from tasks.train import cycled_batch, running_sum, set_lr, step_batches
+from tasks.train import cycled_batch, running_sum, set_lr
 
 
 class PseudoLabelStats:
@@ -88,14 +88,7 @@ class ConsistencyClient(ClientHalf):
         stats, total, steps = PseudoLabelStats(d.true_y is not None), running_sum(d.x.device), 0
         round_steps = self.round_steps()
         self.model.train()
-        batches = step_batches(
-            len(d.x),
-            ccfg["batch_size"],
-            self.generator,
-            ccfg["epochs"],
-            ccfg["local_steps"],
-            device=d.x.device,
-        )
+        batches = self.round_batches()
         for idx, views in grouped_views(d.x, batches, self.view_augments(weak, strong)):
             logits_weak, logits_strong = self.logits(views)
             loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)

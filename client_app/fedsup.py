@@ -24,7 +24,7 @@ from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.models import model_for, ssl_outputs, without_ssl_heads
 from tasks.ssl import layerwise_mse, mse_weight, symmetric_negative_cosine
-from tasks.train import set_lr, step_batches
+from tasks.train import set_lr
 
 
 class FedSupClient(ClientHalf):
@@ -56,7 +56,7 @@ class FedSupClient(ClientHalf):
         return algo["consistency_weight"] * l_con + mse_scale * l_mse, l_con, l_mse
 
     def train(self) -> dict[str, float]:
-        d, ccfg = self.data, self.cfg["client"]
+        d = self.data
         teacher = self.teacher()
         _, strong = self.augmenters()
         opt = self.optimizer()
@@ -65,14 +65,7 @@ class FedSupClient(ClientHalf):
         totals = torch.zeros(3, device=d.x.device)
         steps = 0
         self.model.train()
-        batches = step_batches(
-            len(d.x),
-            ccfg["batch_size"],
-            self.generator,
-            ccfg["epochs"],
-            ccfg["local_steps"],
-            device=d.x.device,
-        )
+        batches = self.round_batches()
         for idx, (x_aug,) in grouped_views(d.x, batches, (strong,)):
             loss, l_con, l_mse = self.step_loss(teacher, d.x[idx], x_aug, scale)
             set_lr(opt, self.lr_at(steps, round_steps))

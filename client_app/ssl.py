@@ -18,7 +18,7 @@ from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.models import ssl_outputs
 from tasks.ssl import ema_update, nt_xent, symmetric_negative_cosine
-from tasks.train import running_sum, set_lr, step_batches
+from tasks.train import running_sum, set_lr
 
 
 class SSLClient(ClientHalf):
@@ -34,20 +34,13 @@ class SSLClient(ClientHalf):
         """Work after each optimizer step (BYOL's target update)."""
 
     def train(self) -> dict[str, float]:
-        d, ccfg = self.data, self.cfg["client"]
+        d = self.data
         _, strong = self.augmenters()
         opt = self.optimizer()
         round_steps = self.round_steps()
         total, steps = running_sum(d.x.device), 0
         self.model.train()
-        batches = step_batches(
-            len(d.x),
-            ccfg["batch_size"],
-            self.generator,
-            ccfg["epochs"],
-            ccfg["local_steps"],
-            device=d.x.device,
-        )
+        batches = self.round_batches()
         for _, (view1, view2) in grouped_views(d.x, batches, (strong, strong)):
             loss = self.loss(view1, view2)
             set_lr(opt, self.lr_at(steps, round_steps))

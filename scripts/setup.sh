@@ -13,10 +13,7 @@
 # and torchvision the interpreter already has (e.g. a cluster image) and installs neither.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-TORCH_VERSION=2.13.0
-TORCHVISION_VERSION=0.28.0
-CPU_INDEX=https://download.pytorch.org/whl/cpu
+. scripts/pins.sh
 
 die() {
   echo "setup.sh: $1" >&2

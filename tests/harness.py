@@ -8,6 +8,8 @@ and chosen partitions fail the way a crashing ClientApp does in Flower: an error
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 import subprocess
@@ -22,6 +24,7 @@ from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from client_app import app as client_app
+from ssfl.cli import main
 from ssfl.experiment import resolve_config
 from ssfl.registry import method
 from strategies.loop import RoundLoop
@@ -154,6 +157,14 @@ def without_seconds(rows: list[dict]) -> list[dict]:
 
 
 # The ssfl command as a user runs it, and the processes it leaves (read from /proc).
+def cli(*args: str) -> tuple[int, list[str]]:
+    """``ssfl`` in this process: exit code and stderr lines."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, err.getvalue().strip().splitlines()
+
+
 def ssfl_run(experiment, out, *args):
     cmd = [sys.executable, "-m", "ssfl.cli", "run", str(experiment), "--out", str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)

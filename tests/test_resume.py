@@ -8,7 +8,6 @@ the uninterrupted run's results. The command line refuses a resume it cannot do.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -26,7 +25,6 @@ from flwr.app import ArrayRecord, RecordDict
 from client_app.state import restore_state, save_state, saved_rounds
 from ssfl import cli as cli_module
 from ssfl import runner
-from ssfl.cli import main
 from ssfl.experiment import resolve_experiment
 from ssfl.registry import METHODS
 from ssfl.runner import descendant_groups
@@ -35,6 +33,7 @@ from tests.conftest import ROOT
 from tests.harness import (
     InProcessGrid,
     build_strategy,
+    cli,
     everyday_first,
     ssfl_run,
     tiny_raw,
@@ -124,14 +123,6 @@ def fedseal_exp(tmp_path: Path) -> Path:
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def cli(*args: str) -> tuple[int, list[str]]:
-    """``ssfl`` in this process: exit code and stderr lines."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return code, err.getvalue().strip().splitlines()
 
 
 @pytest.mark.parametrize("command", ["run", "deploy-local"])

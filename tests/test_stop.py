@@ -4,7 +4,6 @@ temporary folder behind, and an --out that holds a run is never silently replace
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from ssfl import runner
-from ssfl.cli import main, resume_command
+from ssfl.cli import resume_command
 from ssfl.experiment import resolve_experiment
 from ssfl.lifecycle import (
     OWNER_FILE,
@@ -32,7 +31,7 @@ from ssfl.lifecycle import (
 from ssfl.reproduce import TABLES, cell_dir
 from tasks.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import ROOT
-from tests.harness import tiny_raw, without_seconds
+from tests.harness import cli, tiny_raw, without_seconds
 
 HELD = {
     "status": "completed",
@@ -60,14 +59,6 @@ def exp(tmp_path: Path) -> Path:
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def cli(*args: str) -> tuple[int, list[str]]:
-    """``ssfl`` in this process: exit code and stderr lines."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return code, err.getvalue().strip().splitlines()
 
 
 def hold_run(out: Path) -> str:
