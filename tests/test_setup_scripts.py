@@ -117,6 +117,7 @@ def test_system_without_a_torch_to_reuse_is_one_line_and_exit_2(tmp_path, bare_p
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "setup.sh"
     script.write_text(SETUP.read_text())
+    (tmp_path / "scripts" / "pins.sh").write_text((SETUP.parent / "pins.sh").read_text())
     done = run(script, path=bare_path, timeout=300, SSFL_TORCH="system", PYTHON=str(python))
     assert done.returncode == 2
     assert done.stderr.startswith("setup.sh: SSFL_TORCH=system: .venv cannot import torch")
