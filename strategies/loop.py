@@ -476,12 +476,14 @@ class RoundLoop(Strategy):
     # ----- Checkpoint and resume (the reliability issue's rule 1) ------------------------
     def state(self, rnd: int) -> dict[str, Any]:
         """What a resumed run needs after round ``rnd``: the global model, the sampler's RNG
-        state, the failure count, the rows (as JSON, exactly as written) and every part's
-        state. The node map is not kept: a resumed run discovers its nodes again."""
+        state, the failure count, the rows (as JSON, exactly as written), the devices the
+        clients trained on so far and every part's state. The node map is not kept: a
+        resumed run discovers its nodes again."""
         return {
             "round": rnd,
             "config": self.config_json,
             "rows": json.dumps(self.rows),
+            "client_devices": json.dumps(self.devices["clients"]),
             "failed_in_a_row": self.failed_in_a_row,
             "sampler": self.sampler.getstate(),
             "model": self.server.model.state_dict(),
@@ -510,6 +512,7 @@ class RoundLoop(Strategy):
         self.sampler.setstate(state["sampler"])
         self.failed_in_a_row = int(state["failed_in_a_row"])
         self.rows = json.loads(state["rows"])
+        self.devices["clients"] = json.loads(state.get("client_devices", "{}"))
         self.first_round = int(state["round"]) + 1
         return int(state["round"])
 
