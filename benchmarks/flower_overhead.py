@@ -25,6 +25,7 @@ import torch
 from peak_memory import TreePeak
 
 from ssfl.experiment import resolve_experiment
+from ssfl.registry import settings_of
 from strategies.parts import ServerSide
 from tasks.aggregate import weighted_average
 from tasks.augment import WeakAugment
@@ -45,7 +46,7 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
     server = ServerSide.build(cfg, ds, split, device)
     weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
     clients = [(to_float(ds.train_x[idx], device), ds.train_y[idx]) for idx in split.clients]
-    local = model_for(cfg["model"], ds)
+    local = model_for(settings_of(cfg).model, ds)
     ccfg = cfg["client"]
     startup = time.perf_counter() - t0
     times, accs = [], []

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from tasks.data import dataset_info
 from tasks.models import model_for
 from tasks.train import autocast, make_sgd
@@ -65,7 +66,7 @@ def client_images_per_s(
     from client_app.fixmatch import FixMatchClient
 
     cfg = experiment(model, dataset, batch, amp, steps, device)
-    net = model_for(cfg["model"], dataset_info(cfg["dataset"]["name"]))
+    net = model_for(settings_of(cfg).model, dataset_info(cfg["dataset"]["name"]))
     content = RecordDict(
         {
             "arrays": ArrayRecord(net.state_dict()),
@@ -92,7 +93,7 @@ def bare_images_per_s(
     cfg = experiment(model, dataset, batch, amp, steps, device)
     info = dataset_info(cfg["dataset"]["name"])
     dev = torch.device(device)
-    net = model_for(cfg["model"], info).to(dev)
+    net = model_for(settings_of(cfg).model, info).to(dev)
     layout = torch.channels_last if cfg["model"]["channels_last"] else torch.contiguous_format
     x = torch.rand(2 * batch, info.channels, info.image_size, info.image_size, device=dev)
     x = x.contiguous(memory_format=layout)
@@ -101,7 +102,7 @@ def bare_images_per_s(
     net.train()
 
     def step() -> None:
-        with autocast(cfg, dev):
+        with autocast(cfg["train"]["amp"], dev):
             loss = F.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()

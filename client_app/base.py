@@ -23,10 +23,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
+from ssfl.registry import settings_of
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import get_split, stream_slice, stream_step
+from tasks.settings import SplitSettings
 from tasks.train import (
     DEVICE_RECORD,
     autocast,
@@ -157,13 +159,13 @@ def client_data(
     return _client_data(key, partition_id, str(device))
 
 
-def streamed(data: ClientData, scfg: dict[str, Any], server_round: int) -> ClientData:
+def streamed(data: ClientData, split: SplitSettings, server_round: int) -> ClientData:
     """The round's chunk of the unlabeled data when streaming is on (FedMatch 6.1)."""
-    steps = scfg["stream_steps"]
+    steps = split.stream_steps
     if not steps:
         return data
     part = stream_slice(
-        len(data.x), stream_step(server_round, steps, scfg["stream_rounds_per_step"]), steps
+        len(data.x), stream_step(server_round, steps, split.stream_rounds_per_step), steps
     )
     true_y = None if data.true_y is None else data.true_y[part]
     return dataclasses.replace(data, x=data.x[part], true_y=true_y)
@@ -179,6 +181,12 @@ def augmenters(
     return weak, strong
 
 
+@functools.lru_cache(maxsize=8)
+def weak_augmenter(image_size: int, flip: bool, shift: float, device: str) -> WeakAugment:
+    """The weak augmentation module on the device, built once per process."""
+    return WeakAugment(image_size, flip, shift).to(device)
+
+
 class ClientHalf(ABC):
     """Local training of one client in one round."""
 
@@ -191,24 +199,24 @@ class ClientHalf(ABC):
     ):
         self.content = content
         self.config: ConfigRecord = content["config"]
-        self.cfg = parse_config(str(self.config["ssfl-config"]))
-        self.algo: dict[str, Any] = self.cfg["algo"]
+        self.settings = settings_of(parse_config(str(self.config["ssfl-config"])))
+        self.algo: Any = self.settings.algo  # the method's settings class (ssfl.registry)
         self.round = int(self.config["round"])
         self.lr = float(self.config["lr"])
         self.state = state
-        self.device = resolve_device(self.cfg["device"])
+        self.device = resolve_device(self.settings.device)
         self.data = streamed(
             client_data(str(self.config["ssfl-config"]), partition_id, self.device, data_path),
-            self.cfg["split"],
+            self.settings.split,
             self.round,
         )
         self.model = self.build_model()
         self.opt: torch.optim.Optimizer | None = None
         self.load_model()
-        self.seed = derive_seed(self.cfg["seed"], "client", partition_id, self.round)
+        self.seed = derive_seed(self.settings.seed, "client", partition_id, self.round)
 
     def build_model(self) -> nn.Module:
-        return model_for(self.cfg["model"], self.data).to(self.device)
+        return model_for(self.settings.model, self.data).to(self.device)
 
     def load_model(self) -> None:
         """Start from the server's model (a method with its own payload format overrides this)."""
@@ -216,15 +224,11 @@ class ClientHalf(ABC):
 
     def optimizer(self) -> torch.optim.Optimizer:
         """SGD; with client.keep_momentum, the momentum buffers of this node's last round."""
-        ccfg = self.cfg["client"]
+        half = self.settings.client
         self.opt = make_sgd(
-            self.model.parameters(),
-            self.lr,
-            ccfg["momentum"],
-            ccfg["weight_decay"],
-            ccfg["nesterov"],
+            self.model.parameters(), self.lr, half.momentum, half.weight_decay, half.nesterov
         )
-        if ccfg["keep_momentum"] and MOMENTUM_KEY in self.state:
+        if half.keep_momentum and MOMENTUM_KEY in self.state:
             record = self.state[MOMENTUM_KEY]
             for i, param in enumerate(self.model.parameters()):
                 if str(i) in record:
@@ -234,7 +238,7 @@ class ClientHalf(ABC):
 
     def save_momentum(self) -> None:
         """Keep the round's momentum buffers in context.state (client.keep_momentum)."""
-        if self.opt is None or not self.cfg["client"]["keep_momentum"]:
+        if self.opt is None or not self.settings.client.keep_momentum:
             return
         params = list(self.model.parameters())
         buffers = {
@@ -246,45 +250,43 @@ class ClientHalf(ABC):
 
     def round_steps(self, n: int | None = None) -> int:
         """SGD steps this round: client.local_steps (T), else epochs over n (unlabeled) samples."""
-        ccfg = self.cfg["client"]
+        half = self.settings.client
         n = len(self.data.x) if n is None else n
-        return steps_per_round(n, ccfg["batch_size"], ccfg["epochs"], ccfg["local_steps"])
+        return steps_per_round(n, half.batch_size, half.epochs, half.local_steps)
 
     def round_batches(self) -> Iterator[torch.Tensor]:
         """This round's index batches over the unlabeled data, on its device (client.epochs
         passes, or client.local_steps = T batches)."""
-        ccfg, x = self.cfg["client"], self.data.x
+        half, x = self.settings.client, self.data.x
         return step_batches(
-            len(x),
-            ccfg["batch_size"],
-            self.generator,
-            ccfg["epochs"],
-            ccfg["local_steps"],
-            device=x.device,
+            len(x), half.batch_size, self.generator, half.epochs, half.local_steps, device=x.device
         )
 
     def lr_at(self, step: int, round_steps: int) -> float:
-        """The rate of local step ``step`` (cfg ``lr_schedule``; SSFL eq. 9 when cosine)."""
-        if self.cfg["lr_schedule"]["name"] == "exponential":
+        """The rate of local step ``step`` (``lr_schedule``; SSFL eq. 9 when cosine)."""
+        s = self.settings
+        if s.lr_schedule.name == "exponential":
             return self.lr
-        return scheduled_lr(
-            self.cfg["client"],
-            self.cfg["lr_schedule"],
-            self.cfg["rounds"],
-            self.round,
-            step,
-            round_steps,
+        return scheduled_lr(s.client, s.lr_schedule, s.rounds, self.round, step, round_steps)
+
+    def weak_view(self) -> nn.Module:
+        """The weak view alone (flip + shift)."""
+        d = self.data
+        return weak_augmenter(
+            d.image_size, d.flip, self.settings.augment.weak_shift, str(self.device)
         )
 
     def augmenters(self) -> tuple[nn.Module, nn.Module]:
-        d = self.data
+        """The weak view and the method's strong view (its RandAugment keys: a method with
+        a strong view declares tasks.settings.RandAugmentSettings)."""
+        d, algo = self.data, self.algo
         return augmenters(
             d.image_size,
             d.flip,
             d.channels,
-            int(self.algo.get("randaugment_n", 2)),
-            float(self.algo.get("randaugment_m", 10.0)),
-            self.cfg["augment"]["weak_shift"],
+            algo.randaugment_n,
+            algo.randaugment_m,
+            self.settings.augment.weak_shift,
             str(self.device),
         )
 
@@ -302,7 +304,7 @@ class ClientHalf(ABC):
         """``train`` with every random stream (augmentation, batch order) seeded by the
         experiment's seed, the round and the partition alone (under bf16 autocast when
         train.amp asks for it)."""
-        with seeded(self.seed) as self.generator, autocast(self.cfg, self.device):
+        with seeded(self.seed) as self.generator, autocast(self.settings.train.amp, self.device):
             return self.train()
 
     def reply(self) -> RecordDict:

@@ -75,15 +75,15 @@ class ConsistencyClient(ClientHalf):
         """Cross-entropy on one labeled batch (labels-at-client), cycling through the set."""
         d = self.data
         idx = cycled_batch(
-            step, self.cfg["client"]["batch_size"], len(d.labeled_x), d.labeled_x.device
+            step, self.settings.client.batch_size, len(d.labeled_x), d.labeled_x.device
         )
         return F.cross_entropy(self.model(weak(d.labeled_x[idx])), d.labeled_y[idx])
 
     def train(self) -> dict[str, float]:
-        d, ccfg = self.data, self.cfg["client"]
+        d, ccfg = self.data, self.settings.client
         weak, strong = self.augmenters()
         opt = self.optimizer()
-        mu = ccfg["proximal_mu"]
+        mu = ccfg.proximal_mu
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
         stats, total, steps = PseudoLabelStats(d.true_y is not None), running_sum(d.x.device), 0
         round_steps = self.round_steps()
@@ -92,7 +92,7 @@ class ConsistencyClient(ClientHalf):
         for idx, views in grouped_views(d.x, batches, self.view_augments(weak, strong)):
             logits_weak, logits_strong = self.logits(views)
             loss_u, mask = self.unlabeled_loss(logits_weak, logits_strong)
-            loss = self.algo["lambda_u"] * loss_u
+            loss = self.algo.lambda_u * loss_u
             if len(d.labeled_x):
                 loss = loss + self.labeled_loss(steps, weak)
             if mu > 0:

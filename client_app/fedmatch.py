@@ -16,6 +16,7 @@ the elements that moved by more than delta since the received model.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,8 +35,85 @@ from tasks.decompose import (
 )
 from tasks.fedmatch import agreement_labels, inter_client_kl
 from tasks.models import model_for
+from tasks.settings import (
+    MAX_BATCH,
+    MAX_CLIENTS,
+    MAX_ROUNDS,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    RandAugmentSettings,
+    again,
+    between,
+    setting,
+)
 from tasks.sparse import decode, encode_changes, payload_arrays, payload_from
 from tasks.train import cycled_batch, make_sgd, minibatches, running_sum
+
+
+@dataclass(frozen=True)
+class FedMatchSettings(RandAugmentSettings):
+    """FedMatch's keys: the official code's labels-at-server values (reference-
+    implementations.md; paper Table 4); labels-at-client experiments set their own."""
+
+    randaugment_m: float = again(RandAugmentSettings, "randaugment_m", 5.0)  # official: 2..5
+    decomposition: bool = setting(
+        True,
+        'false: theta = sigma (the "FedMatch (w/o)" ablation)',
+        ref="FedMatch eq. 4-5, Table 2",
+    )
+    psi_factor: float = setting(0.2, "psi starts as this times sigma (official code)", rule=UNIT)
+    num_helpers: int = setting(
+        2,
+        "H helpers per client (0: the no-helper ablation)",
+        rule=between(0, MAX_CLIENTS),
+        ref="FedMatch Tables 1-2",
+    )
+    helper_interval: int = setting(
+        10,
+        "helpers travel every this-th round",
+        rule=between(1, MAX_ROUNDS),
+        ref="FedMatch 3.1",
+    )
+    confidence: float = setting(
+        0.75,
+        "tau of the agreement pseudo-labels (official code; paper 0.85)",
+        rule=UNIT,
+    )
+    lambda_s: float = setting(
+        10.0, "weight of the labeled cross-entropy (eq. 4)", rule=POSITIVE, ref="FedMatch Table 4"
+    )
+    lambda_i: float = setting(
+        1e-2, "weight of the inter-client KL (eq. 1; official lambda_i)", rule=NON_NEGATIVE
+    )
+    lambda_a: float = setting(
+        1e-2,
+        "weight of the agreement cross-entropy (eq. 2; official lambda_a)",
+        rule=NON_NEGATIVE,
+    )
+    lambda_l1: float = setting(
+        1e-5,
+        "L1 on psi (eq. 5; Table 4: 1e-5 labels-at-server, 1e-4 at client)",
+        rule=NON_NEGATIVE,
+        ref="FedMatch Table 4",
+    )
+    lambda_l2: float = setting(
+        10.0, "L2 between sigma and psi (eq. 5)", rule=NON_NEGATIVE, ref="FedMatch Table 4"
+    )
+    l1_threshold: float = setting(
+        1e-5,
+        "psi elements at or below are zeroed after local training (official; 5e-6 at client)",
+        rule=NON_NEGATIVE,
+    )
+    delta: float = setting(
+        1e-5,
+        "sparse transmission: only elements that moved by more travel (official; 5e-5 at client)",
+        rule=NON_NEGATIVE,
+    )
+    labeled_batch_size: int = setting(
+        10, "labels-at-client labeled batch (official)", rule=between(1, MAX_BATCH)
+    )
+
 
 STATE_KEY = "fedmatch"
 
@@ -54,8 +132,8 @@ class FedMatchClient(ClientHalf):
     honours = frozenset({"client.nesterov"})
 
     def build_model(self) -> Decomposed:
-        net = model_for(self.cfg["model"], self.data)
-        return Decomposed(net, self.algo["psi_factor"], self.algo["decomposition"]).to(self.device)
+        net = model_for(self.settings.model, self.data)
+        return Decomposed(net, self.algo.psi_factor, self.algo.decomposition).to(self.device)
 
     # ----- Receiving ------------------------------------------------------------------
     def held_copy(self, since: int) -> dict[str, torch.Tensor]:
@@ -96,17 +174,17 @@ class FedMatchClient(ClientHalf):
 
     # ----- Training -------------------------------------------------------------------
     def sgd(self, part: str) -> torch.optim.SGD:
-        ccfg = self.cfg["client"]
+        ccfg = self.settings.client
         return make_sgd(
             self.model.params(part),
             self.lr,
-            ccfg["momentum"],
-            ccfg["weight_decay"],
-            ccfg["nesterov"],
+            ccfg.momentum,
+            ccfg.weight_decay,
+            ccfg.nesterov,
         )
 
     def train(self) -> dict[str, float]:
-        d, ccfg, model = self.data, self.cfg["client"], self.model
+        d, ccfg, model = self.data, self.settings.client, self.model
         unlabeled = model.unlabeled_part
         opt_u = self.sgd(unlabeled)
         opt_s = self.sgd("sigma") if model.decomposed else opt_u
@@ -115,13 +193,11 @@ class FedMatchClient(ClientHalf):
         steps = 0
         model.train()
         algo = self.algo
-        view = randaugment(
-            algo["randaugment_n"], algo["randaugment_m"], d.channels, str(self.device)
-        )
+        view = randaugment(algo.randaugment_n, algo.randaugment_m, d.channels, str(self.device))
         batches = (
             idx.to(d.x.device)
-            for _ in range(ccfg["epochs"])
-            for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator)
+            for _ in range(ccfg.epochs)
+            for idx in minibatches(len(d.x), ccfg.batch_size, self.generator)
         )
         for idx, views in augment_grouped(d.x, batches, view):
             if len(d.labeled_x):
@@ -131,7 +207,7 @@ class FedMatchClient(ClientHalf):
             seen, kept, sums = seen + len(idx), kept + confident, sums + step_sums
             steps += 1
         if model.decomposed:
-            model.prune_psi(self.algo["l1_threshold"])
+            model.prune_psi(self.algo.l1_threshold)
         right, loss = sums.tolist()
         known = {} if d.true_y is None else {"pseudo_label_accuracy": right / max(kept, 1)}
         return {
@@ -145,14 +221,10 @@ class FedMatchClient(ClientHalf):
     def sigma_step(self, opt: torch.optim.Optimizer, step: int) -> None:
         """Eq. 4: lambda_s CE on one labeled batch (cycled), psi frozen."""
         d, model = self.data, self.model
-        weak, _ = self.augmenters()
-        idx = cycled_batch(
-            step, self.algo["labeled_batch_size"], len(d.labeled_x), d.labeled_x.device
-        )
+        weak = self.weak_view()
+        idx = cycled_batch(step, self.algo.labeled_batch_size, len(d.labeled_x), d.labeled_x.device)
         model.train_only("sigma")
-        loss = self.algo["lambda_s"] * F.cross_entropy(
-            model(weak(d.labeled_x[idx])), d.labeled_y[idx]
-        )
+        loss = self.algo.lambda_s * F.cross_entropy(model(weak(d.labeled_x[idx])), d.labeled_y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -178,19 +250,19 @@ class FedMatchClient(ClientHalf):
         model.train_only(model.unlabeled_part)
         logits = model(xb)
         probs = torch.softmax(logits.detach(), dim=1)
-        sel = torch.nonzero(probs.max(dim=1).values >= algo["confidence"]).squeeze(1)
+        sel = torch.nonzero(probs.max(dim=1).values >= algo.confidence).squeeze(1)
         loss = logits.new_zeros(())
         if model.decomposed:
             loss = decomposition_penalty(
-                model.params("sigma"), model.params("psi"), algo["lambda_l1"], algo["lambda_l2"]
+                model.params("sigma"), model.params("psi"), algo.lambda_l1, algo.lambda_l2
             )
         right = torch.zeros((), dtype=torch.int64, device=xb.device)
         if sel.numel():
             xs = xb[sel]
             helper_probs = [torch.softmax(model.forward_with(h, xs), dim=1) for h in self.helpers]
             labels = agreement_labels(probs[sel], helper_probs)
-            loss = loss + algo["lambda_a"] * F.cross_entropy(model(views[sel]), labels)
-            loss = loss + algo["lambda_i"] * inter_client_kl(helper_probs, logits[sel])
+            loss = loss + algo.lambda_a * F.cross_entropy(model(views[sel]), labels)
+            loss = loss + algo.lambda_i * inter_client_kl(helper_probs, logits[sel])
             if true_y is not None:
                 right = (labels == true_y[sel]).sum()
         if loss.requires_grad:
@@ -202,8 +274,8 @@ class FedMatchClient(ClientHalf):
     # ----- Sending --------------------------------------------------------------------
     def reply_arrays(self) -> dict[str, ArrayRecord]:
         """The uploaded parts, sparse against the received model, and the buffers."""
-        at_client = self.cfg["split"]["scenario"] == "labels_at_client"
-        delta = self.algo["delta"]
+        at_client = self.settings.split.scenario == "labels_at_client"
+        delta = self.algo.delta
         out: dict[str, np.ndarray] = {}
         for part in uploaded_parts(self.model, at_client):
             payload = encode_changes(self.model.flat(part), self.received[part], delta)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 
 from client_app.base import ClientHalf
-from tasks.models import freeze_before_last_block
+from tasks.models import TRAINABLE, freeze_before_last_block
 from tasks.openworld import (
     aligned_self_training,
     balanced_kmeans,
@@ -52,7 +52,192 @@ from tasks.openworld import (
     suppressed_loss,
 )
 from tasks.partition import SEEN, class_roles
+from tasks.settings import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_IMAGES,
+    MAX_ROUNDS,
+    MAX_STEPS,
+    MAX_WIDTH,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    RandAugmentSettings,
+    Range,
+    between,
+    setting,
+)
 from tasks.train import set_lr, step_batches
+
+OBJECTIVES = ("orca", "nach", "semifl")
+PERSONAL = ("none", "head", "all")
+
+
+@dataclass(frozen=True)
+class FedoSSLSettings(RandAugmentSettings):
+    """FedoSSL's keys (and its Table 2 baselines'); "code" is the official code (cugzj/FedoSSL).
+    The strong view of NACH and SemiFL* is RandAugment (n, m)."""
+
+    alpha: float = setting(
+        1.0, "weight of the pairwise objective L_u", rule=NON_NEGATIVE, ref="FedoSSL eq. 1"
+    )
+    beta: float = setting(1.0, "weight of R_i", rule=NON_NEGATIVE, ref="FedoSSL eq. 4")
+    flip_suppressed: bool = setting(
+        False, "true: R_i maximised, the official code's commented-out sign"
+    )
+    gamma: float = setting(
+        1.0,
+        "weight of L_cal (Fig. 5: 0.5 best); 0 = no calibration module, no centroids travel",
+        rule=NON_NEGATIVE,
+        ref="FedoSSL eq. 4, Fig. 5",
+    )
+    ce_weight: float = setting(
+        1.0,
+        "L_ce inside L_cal (0: Table 3's ablation without L_ce)",
+        rule=NON_NEGATIVE,
+        ref="FedoSSL eq. 7",
+    )
+    cluster_weight: float = setting(
+        1.0, "L_cluster inside L_cal (code: 0.5)", rule=NON_NEGATIVE, ref="FedoSSL eq. 7"
+    )
+    entropy_weight: float = setting(
+        1.0, "the official code's -H(mean p) regulariser (ORCA's)", rule=NON_NEGATIVE
+    )
+    tau: float = setting(
+        0.2, "eq. 6's tau (code: 0.2)", rule=Range(0, 1, low_open=True), ref="FedoSSL eq. 6"
+    )
+    logit_scale: float = setting(
+        10.0, "the cosine head's scale: 10 * <z^, w^_c> (code)", rule=POSITIVE
+    )
+    max_margin: float = setting(
+        0.5,
+        "cap of ORCA's adaptive margin u_bar: min(u_bar, 0.5) (code)",
+        rule=NON_NEGATIVE,
+        ref="FedoSSL eq. 2",
+    )
+    calibration_threshold: float = setting(
+        0.95, "L_ce only on samples whose centroid assignment q exceeds it (code)", rule=UNIT
+    )
+    centroid_temperature: float = setting(
+        0.1,
+        "T of q = softmax(z^ . m / T) and of the server's clustering (code: 0.1)",
+        rule=POSITIVE,
+        ref="FedoSSL eq. 8-9",
+    )
+    cluster_from_round: int = setting(
+        5, "L_cluster from this round (code: round 5)", rule=between(1, MAX_ROUNDS)
+    )
+    ce_from_round: int = setting(
+        7, "L_ce from this round (code: round 7)", rule=between(1, MAX_ROUNDS)
+    )
+    local_centroids: int = setting(
+        32,
+        "L local centroids per client (Fig. 1 step 1: 32 for 10 classes; at most "
+        "`centroid_samples`)",
+        rule=between(1, MAX_IMAGES),
+        ref="FedoSSL Fig. 1",
+    )
+    global_centroids: int = setting(
+        0,
+        "global centroids (0 = the class count; more than one per class is refused)",
+        rule=between(0, MAX_WIDTH),
+    )
+    centroid_samples: int = setting(
+        1024,
+        "local features the local centroids come from (code: a 1,024-feature memory)",
+        rule=between(1, MAX_IMAGES),
+    )
+    kmeans_iters: int = setting(
+        5,
+        "iterations of the Sinkhorn-balanced k-means of the local centroids (code: "
+        "models/resnet_s.py; SemiFL*'s too)",
+        rule=between(0, MAX_STEPS),
+    )
+    sinkhorn_sharpness: float = setting(25.0, "Sinkhorn's lambda (code: 25)", rule=POSITIVE)
+    server_cluster_steps: int = setting(
+        500, "SGD steps refining the global centroids (code: 500)", rule=between(0, MAX_STEPS)
+    )
+    server_cluster_lr: float = setting(
+        0.01, "their rate (code: lr 0.01, momentum 0.9)", rule=POSITIVE
+    )
+    weighted_average: bool = setting(
+        True,
+        "FedAvg by example counts n_i / n (section 3.1); false: uniform (code)",
+        ref="FedoSSL 3.1",
+    )
+    personal: str = setting(
+        "none",
+        "`head`: FedRep, the classifier stays on each client (Fed-RO); `all`: no federation "
+        "(Local-O)",
+        choices=PERSONAL,
+        ref="FedoSSL Table 2",
+    )
+    objective: str = setting(
+        "orca",
+        "the unsupervised part: `orca` (ORCA's pairs, FedoSSL's R_i and L_cal), `nach` "
+        "(NACH's filtered pairs and self-training), `semifl` (SemiFL*: pseudo-labels from the "
+        "round's global model; beta and gamma must be 0)",
+        choices=OBJECTIVES,
+        ref="FedoSSL Table 2",
+    )
+    pseudo_threshold: float = setting(
+        0.95, "NACH's seen-class threshold; SemiFL's fixed one", rule=UNIT
+    )
+    ood_threshold: float = setting(
+        0.5,
+        "SemiFL* (ours): out of distribution when no seen class reaches it (at most "
+        "`pseudo_threshold`)",
+        rule=UNIT,
+    )
+    pseudo_from_round: int = setting(
+        2,
+        "SemiFL* (ours): the first round that pseudo-labels (SemiFL's server trains on the "
+        "labels before clients pseudo-label; here round 1 trains on them alone)",
+        rule=between(1, MAX_ROUNDS),
+    )
+    self_training_weight: float = setting(
+        1.0, "NACH / SemiFL*: weight of the strong-view cross-entropy", rule=NON_NEGATIVE
+    )
+    mix_weight: float = setting(
+        0.0,
+        "SemiFL's mix term (semifl only; official code: modules.py): each pseudo-labeled sample "
+        "mixed with a random unlabeled one; 0 = the fix term alone, as the Table 2 cells ran",
+        rule=NON_NEGATIVE,
+    )
+    mixup_alpha: float = setting(
+        0.75, "mixup's lambda ~ Beta(alpha, alpha) (official: 0.75)", rule=POSITIVE
+    )
+    pretrain_epochs: int = setting(
+        0,
+        "epochs of SimCLR on the clients' pooled images before round 1 (section 5's pretrained "
+        "start; 0: from scratch), kept in the cache",
+        rule=between(0, MAX_EPOCHS),
+        ref="FedoSSL section 5",
+    )
+    pretrain_batch_size: int = setting(
+        512,
+        "that stage's batch (ours: the official checkpoint's is not given)",
+        rule=between(2, MAX_BATCH),
+    )
+    pretrain_lr: float = setting(
+        0.5,
+        "that stage's SGD rate, cosine-decayed to 0 (ours; SimCLR: 0.3 x batch / 256, LARS)",
+        rule=POSITIVE,
+    )
+    pretrain_temperature: float = setting(
+        0.5, "that stage's NT-Xent tau (FedSup 5.1.1: 0.5)", rule=POSITIVE
+    )
+    pretrain_projector_dim: int = setting(
+        128, "that stage's projector width (ours; thrown away after)", rule=between(1, MAX_WIDTH)
+    )
+    trainable: str = setting(
+        "all",
+        "`last_block`: section 5's second stage (as ORCA), everything before the model's last "
+        "block frozen",
+        choices=TRAINABLE,
+        ref="FedoSSL section 5",
+    )
+
 
 LOSSES = {
     "orca": (
@@ -100,12 +285,12 @@ class FedoSSLClient(ClientHalf):
         """The model; with algo.trainable last_block, all before its last block frozen
         (section 5's second stage)."""
         model = super().build_model()
-        if self.algo["trainable"] == "last_block":
+        if self.algo.trainable == "last_block":
             freeze_before_last_block(model)
         return model
 
     def seen_classes(self) -> list[int]:
-        roles = class_roles(self.cfg["split"]["class_roles"], self.data.num_classes)
+        roles = class_roles(self.settings.split.class_roles, self.data.num_classes)
         return [c for c, r in enumerate(roles) if r == SEEN]
 
     def global_centroids(self) -> torch.Tensor | None:
@@ -126,25 +311,25 @@ class FedoSSLClient(ClientHalf):
         from the round's start model on the unlabeled data."""
         a = self.algo
         seen = self.seen_flags()
-        z, logits = predict(self.model, self.data.x, a["logit_scale"], 1024)
+        z, logits = predict(self.model, self.data.x, a.logit_scale, 1024)
         probs = F.softmax(logits, dim=1)
         counts = torch.bincount(probs.argmax(1), minlength=probs.shape[1])
         pseudo = None
-        if a["objective"] == "semifl" and self.round < a["pseudo_from_round"]:
+        if a.objective == "semifl" and self.round < a.pseudo_from_round:
             pseudo = torch.full((len(probs),), -1, dtype=torch.long, device=probs.device)
-        elif a["objective"] == "semifl":
+        elif a.objective == "semifl":
             pseudo = open_world_pseudo_labels(
                 probs,
                 z,
                 self.seen_classes(),
-                a["pseudo_threshold"],
-                a["ood_threshold"],
-                a["kmeans_iters"],
+                a.pseudo_threshold,
+                a.ood_threshold,
+                a.kmeans_iters,
                 self.generator,
             )
         return RoundStart(
             counts=counts,
-            margin=min(mean_uncertainty(probs), a["max_margin"]),
+            margin=min(mean_uncertainty(probs), a.max_margin),
             gap=learning_gap(probs, seen),
             pseudo=pseudo,
             hard=None if pseudo is None else hard_pseudo_labels(probs, pseudo),
@@ -155,7 +340,7 @@ class FedoSSLClient(ClientHalf):
     def batch_sizes(self) -> tuple[int, int]:
         """(labeled, unlabeled) per step: client.batch_size shared by the counts (ORCA)."""
         n_l, n_u = len(self.data.labeled_x), len(self.data.x)
-        batch = self.cfg["client"]["batch_size"]
+        batch = self.settings.client.batch_size
         lab = min(max(1, round(batch * n_l / max(n_l + n_u, 1))), n_l, batch - 1)
         return lab, batch - lab
 
@@ -164,7 +349,7 @@ class FedoSSLClient(ClientHalf):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The objective's loss on one batch (``idx``: the unlabeled samples) and its terms
         in LOSSES order."""
-        objective = self.algo["objective"]
+        objective = self.algo.objective
         if objective == "semifl":
             return self.semifl_loss(xl, yl, idx, start)
         xu = self.data.x[idx.to(self.data.x.device)]
@@ -176,8 +361,8 @@ class FedoSSLClient(ClientHalf):
         self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, start: RoundStart
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Eq. 4 on one batch."""
-        a, weak = self.algo, self.augmenters()[0]
-        nl, scale = len(xl), a["logit_scale"]
+        a, weak = self.algo, self.weak_view()
+        nl, scale = len(xl), a.logit_scale
         x = torch.cat([xl, xu])
         z, logits = forward(self.model, torch.cat([weak(x), weak(x)]), scale)
         z1, z2 = z.chunk(2)
@@ -186,24 +371,24 @@ class FedoSSLClient(ClientHalf):
         l_s = margin_cross_entropy(l1[:nl], yl, start.margin, scale)
         pair = pair_indices(z1, yl, nl, self.generator)
         l_u = pairwise_loss(p1, p2, pair)
-        r = suppressed_loss(p1[nl:], start.counts, a["tau"])
-        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1)
+        r = suppressed_loss(p1[nl:], start.counts, a.tau)
+        loss = l_s + a.alpha * l_u - a.entropy_weight * entropy_of_mean(p1)
         loss = loss + self.beta() * r
         zero = loss.new_zeros(())
         l_ce, l_cluster = zero, zero
         m = start.centroids
         if m is not None:
-            w_ce = a["ce_weight"] * (self.round >= a["ce_from_round"])
-            w_cl = a["cluster_weight"] * (self.round >= a["cluster_from_round"])
+            w_ce = a.ce_weight * (self.round >= a.ce_from_round)
+            w_cl = a.cluster_weight * (self.round >= a.cluster_from_round)
             if w_ce or w_cl:
-                temp = a["centroid_temperature"]
+                temp = a.centroid_temperature
                 q1 = centroid_assignment(z1[nl:], m, temp)
                 q2 = centroid_assignment(z2[nl:], m, temp)
                 pair_u = pair_indices(z1[nl:], yl[:0], 0)
                 l_cal, l_ce, l_cluster = calibration_loss(
-                    l1[nl:], q1, q2, pair_u, a["calibration_threshold"], w_ce, w_cl
+                    l1[nl:], q1, q2, pair_u, a.calibration_threshold, w_ce, w_cl
                 )
-                loss = loss + a["gamma"] * l_cal
+                loss = loss + a.gamma * l_cal
         return loss, [loss, l_s, l_u, r, l_ce, l_cluster]
 
     def nach_loss(
@@ -215,7 +400,7 @@ class FedoSSLClient(ClientHalf):
         (pseudo-labels from the second weak view)."""
         a = self.algo
         weak, strong = self.augmenters()
-        nl, scale = len(xl), a["logit_scale"]
+        nl, scale = len(xl), a.logit_scale
         x = torch.cat([xl, xu])
         z, logits = forward(self.model, torch.cat([weak(x), weak(x), strong(xu)]), scale)
         z1 = z[: len(x)]
@@ -224,12 +409,12 @@ class FedoSSLClient(ClientHalf):
         l_s = margin_cross_entropy(l1[:nl], yl, start.margin, scale)
         pair, kept = filtered_pair_indices(z1, yl, nl, self.generator)
         l_u = pairwise_loss(p1, p2, pair)
-        r = suppressed_loss(p1[nl:], start.counts, a["tau"])
+        r = suppressed_loss(p1[nl:], start.counts, a.tau)
         l_st, mask = aligned_self_training(
-            l_strong, p2[nl:], start.seen, start.gap, a["pseudo_threshold"]
+            l_strong, p2[nl:], start.seen, start.gap, a.pseudo_threshold
         )
-        loss = l_s + a["alpha"] * l_u - a["entropy_weight"] * entropy_of_mean(p1)
-        loss = loss + self.beta() * r + a["self_training_weight"] * l_st
+        loss = l_s + a.alpha * l_u - a.entropy_weight * entropy_of_mean(p1)
+        loss = loss + self.beta() * r + a.self_training_weight * l_st
         rates = [mask.float().mean(), kept.float().mean()]
         return loss, [loss, l_s, l_u, r, l_st, *rates]
 
@@ -249,13 +434,13 @@ class FedoSSLClient(ClientHalf):
         pseudo = start.pseudo[idx.to(start.pseudo.device)]
         mask = pseudo >= 0
         views = [weak(xl), strong(xu)]
-        mix = a["mix_weight"] > 0 and bool(mask.any())
+        mix = a.mix_weight > 0 and bool(mask.any())
         if mix:
-            lam = beta_draw(a["mixup_alpha"], self.generator)
+            lam = beta_draw(a.mixup_alpha, self.generator)
             partner = torch.randint(len(d.x), (int(mask.sum()),), generator=self.generator)
             x_partner = d.x[partner.to(d.x.device)]
             views.append(lam * weak(xu[mask]) + (1.0 - lam) * weak(x_partner))
-        _, logits = forward(self.model, torch.cat(views), a["logit_scale"])
+        _, logits = forward(self.model, torch.cat(views), a.logit_scale)
         nl, nu = len(xl), len(xu)
         l_s = F.cross_entropy(logits[:nl], yl)
         ce = F.cross_entropy(logits[nl : nl + nu], pseudo.clamp_min(0), reduction="none")
@@ -264,24 +449,24 @@ class FedoSSLClient(ClientHalf):
         if mix:
             y_partner = start.hard[partner.to(start.hard.device)]
             l_mix = mixup_pseudo_loss(logits[nl + nu :], pseudo[mask], y_partner, lam).sum() / nu
-        loss = l_s + a["self_training_weight"] * l_p + a["mix_weight"] * l_mix
+        loss = l_s + a.self_training_weight * l_p + a.mix_weight * l_mix
         return loss, [loss, l_s, l_p, l_mix, mask.float().mean()]
 
     def beta(self) -> float:
         """R_i's weight with its sign (algo.flip_suppressed: R_i maximised)."""
-        return -self.algo["beta"] if self.algo["flip_suppressed"] else self.algo["beta"]
+        return -self.algo.beta if self.algo.flip_suppressed else self.algo.beta
 
     def train(self) -> dict[str, float]:
-        d, ccfg = self.data, self.cfg["client"]
+        d, ccfg = self.data, self.settings.client
         start = self.round_start()
-        names = LOSSES[self.algo["objective"]]
+        names = LOSSES[self.algo.objective]
         opt = self.optimizer()
         lab, unl = self.batch_sizes()
         round_steps = self.round_steps(len(d.x))
         totals = torch.zeros(len(names), device=d.x.device)
         steps = 0
         self.model.train()
-        batches = step_batches(len(d.x), unl, self.generator, ccfg["epochs"], ccfg["local_steps"])
+        batches = step_batches(len(d.x), unl, self.generator, ccfg.epochs, ccfg.local_steps)
         for idx in batches:
             lidx = torch.randperm(len(d.labeled_x), generator=self.generator)[:lab]
             lidx = lidx.to(d.labeled_x.device)
@@ -300,12 +485,12 @@ class FedoSSLClient(ClientHalf):
         (labeled and unlabeled), and per seen class the sum and count of labeled features."""
         a, d = self.algo, self.data
         x = torch.cat([d.labeled_x, d.x])
-        pick = torch.randperm(len(x), generator=self.generator)[: a["centroid_samples"]]
-        z, _ = predict(self.model, x[pick.to(x.device)], a["logit_scale"], 1024)
+        pick = torch.randperm(len(x), generator=self.generator)[: a.centroid_samples]
+        z, _ = predict(self.model, x[pick.to(x.device)], a.logit_scale, 1024)
         local = balanced_kmeans(
-            z, a["local_centroids"], a["kmeans_iters"], a["sinkhorn_sharpness"], self.generator
+            z, a.local_centroids, a.kmeans_iters, a.sinkhorn_sharpness, self.generator
         )
-        zl, _ = predict(self.model, d.labeled_x, a["logit_scale"], 1024)
+        zl, _ = predict(self.model, d.labeled_x, a.logit_scale, 1024)
         zl = F.normalize(zl, dim=1)
         seen = torch.tensor(self.seen_classes(), device=zl.device)
         member = (d.labeled_y[:, None] == seen[None, :]).to(zl.dtype)
@@ -313,7 +498,7 @@ class FedoSSLClient(ClientHalf):
 
     def reply_arrays(self) -> dict[str, ArrayRecord]:
         out = super().reply_arrays()
-        if self.algo["gamma"] != 0.0:
+        if self.algo.gamma != 0.0:
             centroids = self.local_centroids()
             out["centroids"] = ArrayRecord({k: v.detach().cpu() for k, v in centroids.items()})
         return out

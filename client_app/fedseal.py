@@ -9,6 +9,8 @@ is not sampled add nothing: the mean is over the models it actually received, so
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from flwr.app import ArrayRecord
 
@@ -23,9 +25,58 @@ from tasks.selfensemble import (
     positive_set,
     update_ensemble,
 )
+from tasks.settings import MAX_ROUNDS, UNIT, RandAugmentSettings, between, setting
 from tasks.train import minibatches, predict_logits, running_sum
 
 STATE_KEY = "fedseal"
+
+
+@dataclass(frozen=True)
+class FedSEALSettings(RandAugmentSettings):
+    """FedSEAL's keys; the strong view A(.) of eq. 14 is RandAugment (4.2.3)."""
+
+    theta: float = setting(
+        0.05, "complementary threshold theta of eq. 11", rule=UNIT, ref="FedSEAL 5.2.1"
+    )
+    lambda_start: float = setting(
+        0.1,
+        "lambda of eq. 13 at round 1 (the paper gives no formula for its growth: a linear "
+        "ramp, ours)",
+        rule=UNIT,
+        ref="FedSEAL eq. 13",
+    )
+    lambda_end: float = setting(1.0, "lambda after the ramp", rule=UNIT, ref="FedSEAL eq. 13")
+    lambda_ramp_rounds: int = setting(
+        20,
+        "rounds of the linear ramp (0: `lambda_end` from round 1)",
+        rule=between(0, MAX_ROUNDS),
+    )
+    self_ensemble: bool = setting(
+        True, "false: the current model only (Fig. 5 ablation)", ref="FedSEAL 5.2.5, Fig. 5"
+    )
+    negative_learning: bool = setting(
+        True, "false: no negative set (5.2.3 ablation)", ref="FedSEAL 5.2.3"
+    )
+    classwise_threshold: bool = setting(
+        True,
+        "false: one `fixed_threshold` for all classes (5.2.4 ablation)",
+        ref="FedSEAL eq. 5, 5.2.4",
+    )
+    fixed_threshold: float = setting(
+        0.9, "the threshold when `classwise_threshold` is false", rule=UNIT
+    )
+    oracle_labels: bool = setting(
+        False,
+        "diagnostic, not the paper: label the positive set with the hidden true labels (the "
+        "ceiling of better pseudo-labels; simulation only)",
+    )
+    tau_max: float = setting(
+        1.0,
+        "clip of eq. 5's tau, which exceeds 1 for a class the model over-predicts (1.0: the "
+        "paper's range [0, 1])",
+        rule=UNIT,
+        ref="FedSEAL eq. 5",
+    )
 
 
 class FedSEALClient(ClientHalf):
@@ -35,7 +86,7 @@ class FedSEALClient(ClientHalf):
 
     def ensemble(self, probs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Update the stored self-ensemble with this round's predictions (eq. 8)."""
-        if not self.algo["self_ensemble"]:
+        if not self.algo.self_ensemble:
             return probs, 1
         previous, count = None, 0
         if STATE_KEY in self.state:
@@ -54,17 +105,15 @@ class FedSEALClient(ClientHalf):
         d, algo = self.data, self.algo
         tau = self.content["tau"]["tau"].numpy()
         tau = torch.from_numpy(tau).to(self.device)
-        logits = predict_logits(self.model, d.x, self.cfg["eval"]["batch_size"])
+        logits = predict_logits(self.model, d.x, self.settings.eval.batch_size)
         ensemble, count = self.ensemble(torch.softmax(logits, dim=1))
         pos_labels, pos = positive_set(ensemble, tau)
-        if algo["oracle_labels"]:
+        if algo.oracle_labels:
             pos_labels = self.true_labels()
-        neg_labels, neg = complementary_labels(ensemble, pos, algo["theta"], self.generator)
-        if not algo["negative_learning"]:
+        neg_labels, neg = complementary_labels(ensemble, pos, algo.theta, self.generator)
+        if not algo.negative_learning:
             neg = torch.zeros_like(pos)
-        lam = lambda_ramp(
-            self.round, algo["lambda_start"], algo["lambda_end"], algo["lambda_ramp_rounds"]
-        )
+        lam = lambda_ramp(self.round, algo.lambda_start, algo.lambda_end, algo.lambda_ramp_rounds)
         loss_sum, steps = self.local_epochs(pos, pos_labels, neg, neg_labels, lam)
         metrics = {
             "train_loss": loss_sum / max(steps, 1),
@@ -92,17 +141,16 @@ class FedSEALClient(ClientHalf):
         view, drawn for a group of batches at once) and of its negatives (plain view);
         batches with neither are skipped.
         """
-        d, ccfg = self.data, self.cfg["client"]
+        d, ccfg = self.data, self.settings.client
         _, strong = self.augmenters()
         opt = self.optimizer()
-        mu = ccfg["proximal_mu"]
+        mu = ccfg.proximal_mu
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []
         self.model.train()
         total, steps = running_sum(d.x.device), 0
-        for _ in range(ccfg["epochs"]):
+        for _ in range(ccfg.epochs):
             batches = [
-                idx.to(d.x.device)
-                for idx in minibatches(len(d.x), ccfg["batch_size"], self.generator)
+                idx.to(d.x.device) for idx in minibatches(len(d.x), ccfg.batch_size, self.generator)
             ]
             positives = augment_grouped(d.x, [idx[pos[idx]] for idx in batches], strong)
             for idx, (p_idx, p_view) in zip(batches, positives, strict=True):

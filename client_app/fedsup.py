@@ -17,14 +17,62 @@ learns and only it is sent back.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.models import model_for, ssl_outputs, without_ssl_heads
+from tasks.settings import (
+    MAX_CLIENTS,
+    NON_NEGATIVE,
+    POSITIVE,
+    RandAugmentSettings,
+    between,
+    setting,
+)
 from tasks.ssl import layerwise_mse, mse_weight, symmetric_negative_cosine
 from tasks.train import set_lr
+
+
+@dataclass(frozen=True)
+class FedSupSettings(RandAugmentSettings):
+    """FedSup's keys; the augmented view A(x) is FixMatch's strong view."""
+
+    lambda_s: float = setting(
+        1e-4,
+        "L_MSE is weighted lambda_s^(t/T) in round t of T (4.1.1: lambda_s in {1, 1e-2, 1e-4}, "
+        "1e-4 chosen)",
+        rule=POSITIVE,
+        ref="FedSup 4.1.1",
+    )
+    feature_blocks: int = setting(
+        2,
+        "N, the conv blocks whose feature maps enter L_MSE (the small CNN's 2; ResNet-18: 4, "
+        "Table 6.3; 0 = without L_MSE; at most the model's blocks)",
+        rule=NON_NEGATIVE,
+        ref="FedSup Table 6.3",
+    )
+    first_block: int = setting(
+        0,
+        "index of the first of those blocks (1 on `resnet18` skips the stem: the paper's four "
+        "blocks)",
+        rule=NON_NEGATIVE,
+    )
+    consistency_weight: float = setting(
+        1.0,
+        'weight of L_Con (0 = "without consistency", Table 6.4)',
+        rule=NON_NEGATIVE,
+        ref="FedSup Table 6.4",
+    )
+    groups: int = setting(
+        2,
+        "S, the number of groups of eq. 7 (4.1.1: 5 clients in groups of 2 and 3)",
+        rule=between(1, MAX_CLIENTS),
+        ref="FedSup 4.1.1",
+    )
 
 
 class FedSupClient(ClientHalf):
@@ -34,7 +82,7 @@ class FedSupClient(ClientHalf):
 
     def teacher(self) -> nn.Module:
         """f_Server from the message, frozen, in eval mode (its BatchNorm statistics)."""
-        model = model_for(without_ssl_heads(self.cfg["model"]), self.data).to(self.device)
+        model = model_for(without_ssl_heads(self.settings.model), self.data).to(self.device)
         model.load_state_dict(self.content["teacher"].to_torch_state_dict())
         return model.eval().requires_grad_(False)
 
@@ -43,7 +91,7 @@ class FedSupClient(ClientHalf):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, L_Con, L_MSE) of one batch; both networks see x and A(x) in one pass."""
         algo, n = self.algo, len(x)
-        first, blocks = algo["first_block"], algo["feature_blocks"]
+        first, blocks = algo.first_block, algo.feature_blocks
         online = ssl_outputs(self.model, torch.cat([x, x_aug]))
         with torch.no_grad():
             target = ssl_outputs(teacher, torch.cat([x, x_aug]))
@@ -53,14 +101,14 @@ class FedSupClient(ClientHalf):
         l_mse = layerwise_mse(
             [m[:n] for m in online.maps[first:]], [m[:n] for m in target.maps[first:]], blocks
         )
-        return algo["consistency_weight"] * l_con + mse_scale * l_mse, l_con, l_mse
+        return algo.consistency_weight * l_con + mse_scale * l_mse, l_con, l_mse
 
     def train(self) -> dict[str, float]:
         d = self.data
         teacher = self.teacher()
         _, strong = self.augmenters()
         opt = self.optimizer()
-        scale = mse_weight(self.algo["lambda_s"], self.round, self.cfg["rounds"])
+        scale = mse_weight(self.algo.lambda_s, self.round, self.settings.rounds)
         round_steps = self.round_steps()
         totals = torch.zeros(3, device=d.x.device)
         steps = 0

@@ -14,4 +14,4 @@ class FixMatchClient(ConsistencyClient):
     def unlabeled_loss(
         self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return fixmatch_loss(logits_weak, logits_strong, self.algo["threshold"])
+        return fixmatch_loss(logits_weak, logits_strong, self.algo.threshold)

@@ -11,10 +11,50 @@ confidence from the weak-view probabilities aligned to a uniform class distribut
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from client_app.consistency import ConsistencyClient
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
+from tasks.settings import MAX_CLIENTS, POSITIVE, ConsistencySettings, again, between, setting
+
+
+@dataclass(frozen=True)
+class PseudoLabelSettings(ConsistencySettings):
+    """The SSFL benchmark's user keys (eq. 3 and 6): A(.) of eq. 6 is RandAugment(2, 10)."""
+
+    threshold: float = again(ConsistencySettings, "threshold", 0.95)  # tau of eq. 3, 6 (3.3)
+    loss: str = setting(
+        "crl",
+        "user loss: `crl` (eq. 6) or `selftrain` (eq. 3)",
+        choices=("crl", "selftrain"),
+        ref="SSFL benchmark eq. 3, 6",
+    )
+    distribution_alignment: bool = setting(
+        False,
+        "ours, not in the paper: pseudo-labels from weak-view probabilities aligned to "
+        "uniform (ReMixMatch's distribution alignment)",
+    )
+    server_weight: float = setting(
+        1.0,
+        "ours: the server's model weighs a against each user's 1 in eq. 4 / eq. 7, "
+        "(a w_s + sum_k w_k) / (a + C_k); 1 is the paper's",
+        rule=POSITIVE,
+        ref="SSFL benchmark eq. 4, 7",
+    )
+
+
+@dataclass(frozen=True)
+class FedRGDSettings(PseudoLabelSettings):
+    """FedRGD's keys: the benchmark's user keys and the number of groups."""
+
+    groups: int = setting(
+        2,
+        "S, the number of groups of eq. 7 (SSFL benchmark 3.3 and 4.3: 2 on CIFAR-10 and SVHN)",
+        rule=between(1, MAX_CLIENTS),
+        ref="SSFL benchmark eq. 7",
+    )
 
 
 class PseudoLabelClient(ConsistencyClient):
@@ -23,18 +63,16 @@ class PseudoLabelClient(ConsistencyClient):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.aligner = (
-            DistributionAligner(self.data.num_classes)
-            if self.algo["distribution_alignment"]
-            else None
+            DistributionAligner(self.data.num_classes) if self.algo.distribution_alignment else None
         )
 
     def view_augments(self, weak, strong) -> tuple:
         """Self-training (eq. 3) needs the weak view alone."""
-        return (weak,) if self.algo["loss"] == "selftrain" else (weak, strong)
+        return (weak,) if self.algo.loss == "selftrain" else (weak, strong)
 
     def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits the pseudo-labels come from, logits the loss trains)."""
-        if self.algo["loss"] == "selftrain":
+        if self.algo.loss == "selftrain":
             logits = self.model(views[0])
             logits_weak, logits_trained = logits, logits
         else:
@@ -46,6 +84,6 @@ class PseudoLabelClient(ConsistencyClient):
     def unlabeled_loss(
         self, logits_weak: torch.Tensor, logits_trained: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.algo["loss"] == "selftrain":
-            return selftrain_loss(logits_trained, self.algo["threshold"], logits_weak)
-        return crl_loss(logits_weak, logits_trained, self.algo["threshold"])
+        if self.algo.loss == "selftrain":
+            return selftrain_loss(logits_trained, self.algo.threshold, logits_weak)
+        return crl_loss(logits_weak, logits_trained, self.algo.threshold)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from abc import abstractmethod
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,8 +18,37 @@ from torch import nn
 from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.models import ssl_outputs
+from tasks.settings import POSITIVE, UNIT, RandAugmentSettings, setting
 from tasks.ssl import ema_update, nt_xent, symmetric_negative_cosine
 from tasks.train import running_sum, set_lr
+
+
+@dataclass(frozen=True)
+class SimCLRSettings(RandAugmentSettings):
+    """Federated SimCLR's keys (its views: the strong view, RandAugment(n, m))."""
+
+    temperature: float = setting(
+        0.5, "SimCLR's NT-Xent tau (FedSup eq. 3.3)", rule=POSITIVE, ref="FedSup 5.1.1: 0.5"
+    )
+    decoupled: bool = setting(
+        False,
+        "true: eq. 3.3 as printed in FedSup (the positive pair left out of the denominator); "
+        "false: Chen et al.'s NT-Xent",
+        ref="FedSup eq. 3.3",
+    )
+
+
+@dataclass(frozen=True)
+class BYOLSettings(RandAugmentSettings):
+    """Federated BYOL's keys."""
+
+    ema: float = setting(
+        0.99,
+        "mu of BYOL's target update xi <- mu xi + (1 - mu) theta, per local step (FedSup does "
+        "not state it; BYOL's 0.996 is for long runs, ours 0.99: the target lives one round)",
+        rule=UNIT,
+        ref="FedSup 3.2.4",
+    )
 
 
 class SSLClient(ClientHalf):
@@ -66,7 +96,7 @@ class SimCLRClient(SSLClient):
 
     def loss(self, view1: torch.Tensor, view2: torch.Tensor) -> torch.Tensor:
         (z1, z2), _ = self.outputs(self.model, view1, view2)
-        return nt_xent(z1, z2, self.algo["temperature"], self.algo["decoupled"])
+        return nt_xent(z1, z2, self.algo.temperature, self.algo.decoupled)
 
 
 class SimSiamClient(SSLClient):
@@ -97,4 +127,4 @@ class BYOLClient(SSLClient):
         return symmetric_negative_cosine(p1, p2, z1, z2)
 
     def after_step(self) -> None:
-        ema_update(self.target, self.model, self.algo["ema"])
+        ema_update(self.target, self.model, self.algo.ema)

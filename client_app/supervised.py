@@ -14,27 +14,27 @@ class SupervisedClient(ClientHalf):
     honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name", "client.proximal_mu"}
 
     def train(self) -> dict[str, float]:
-        d, ccfg = self.data, self.cfg["client"]
+        d, ccfg = self.data, self.settings.client
         if d.true_y is None:
             raise ValueError(
-                f"method {self.cfg['method']!r} trains on the clients' true labels, but node "
+                f"method {self.settings.method!r} trains on the clients' true labels, but node "
                 f"{d.partition_id} has only unlabeled images (data-path); use an SSL method"
             )
         x = torch.cat([d.x, d.labeled_x])
         y = torch.cat([d.true_y, d.labeled_y])
-        weak, _ = self.augmenters()
+        weak = self.weak_view()
         round_steps = self.round_steps(len(x))
         out = supervised_epochs(
             self.model,
             x,
             y,
-            epochs=ccfg["epochs"],
+            epochs=ccfg.epochs,
             optimizer=self.optimizer(),
-            batch_size=ccfg["batch_size"],
+            batch_size=ccfg.batch_size,
             generator=self.generator,
             augment=weak,
-            proximal_mu=ccfg["proximal_mu"],
-            local_steps=ccfg["local_steps"],
+            proximal_mu=ccfg.proximal_mu,
+            local_steps=ccfg.local_steps,
             lr_at=lambda step: self.lr_at(step, round_steps),
         )
         return {"train_loss": out["loss"], "local_steps": out["steps"]}

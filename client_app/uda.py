@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from client_app.consistency import ConsistencyClient
-from tasks.losses import uda_loss
+from tasks.losses import TSA_SCHEDULES, uda_loss
+from tasks.settings import ConsistencySettings, Range, setting
+
+
+@dataclass(frozen=True)
+class UDASettings(ConsistencySettings):
+    """FedAvg-UDA's keys: threshold 0.9 (FedSEAL 5.2.1) and UDA's own two."""
+
+    temperature: float = setting(
+        0.4,
+        "UDA's sharpening temperature T of softmax(logits / T) (1 = no sharpening)",
+        rule=Range(0, 1, low_open=True),
+        ref="UDA (Xie et al. 2020) 3.2: 0.4",
+    )
+    tsa_schedule: str = setting(
+        "exp",
+        "training-signal annealing of the server's supervised loss",
+        choices=TSA_SCHEDULES,
+        ref="UDA 3.2: exp when labeled data is scarce",
+    )
 
 
 class UDAClient(ConsistencyClient):
@@ -14,6 +35,4 @@ class UDAClient(ConsistencyClient):
     def unlabeled_loss(
         self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return uda_loss(
-            logits_weak, logits_strong, self.algo["threshold"], self.algo["temperature"]
-        )
+        return uda_loss(logits_weak, logits_strong, self.algo.threshold, self.algo.temperature)

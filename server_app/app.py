@@ -35,7 +35,7 @@ def main(grid: Grid, context: Context) -> None:
     server = ServerSide.build(cfg, dataset, split, resolve_device(cfg["device"]))
     out = Path(str(context.run_config.get("out-dir", "")) or default_out(cfg))
     recorder = Recorder(out, cfg, split.summary)
-    strategy = method(cfg["method"]).server_half().strategy(server, recorder.add_round)
+    strategy = method(server.settings.method).server_half().strategy(server, recorder.add_round)
     recorder.timeline = strategy.timeline
     recorder.devices = strategy.devices
     strategy.timeline.update(server_main=entered, server_built=time.time())
@@ -44,7 +44,8 @@ def main(grid: Grid, context: Context) -> None:
         strategy.resume_from(load_checkpoint(strategy.checkpoint_path))
         recorder.resume(strategy.rows)
     try:
-        strategy.start(grid, num_rounds=cfg["rounds"], timeout=cfg["federation"]["timeout_s"])
+        settings = server.settings
+        strategy.start(grid, num_rounds=settings.rounds, timeout=settings.federation.timeout_s)
     except RunStalled as err:
         save_model(server.model, cfg, dataset, recorder.rows, out / MODEL_FILE)
         recorder.finish(failure=str(err))

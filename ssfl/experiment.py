@@ -26,6 +26,7 @@ from tasks.config import (
     resolve,
 )
 from tasks.results import completed, load_results
+from tasks.settings import Settings, choices_of, defaults_of, rules_of, typed
 
 # The installed app: its shipped experiments are found from any folder.
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -59,13 +60,18 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 
     name = raw.get("method", DEFAULTS["method"])
     spec = method(name)
-    server = spec.server_half()
-    choices = {"dataset.name": tuple(sorted(DATASETS)), "model.name": tuple(sorted(MODELS))}
-    cfg = resolve(raw, server.defaults(), choices, server.rules())
+    server, algo = spec.server_half(), spec.settings_class()
+    choices = {
+        "dataset.name": tuple(sorted(DATASETS)),
+        "model.name": tuple(sorted(MODELS)),
+        **choices_of(algo, "algo."),
+    }
+    own = deep_merge(server.defaults(), {"algo": defaults_of(algo)})
+    cfg = resolve(raw, own, choices, rules_of(algo, "algo."))
     check_head_size(cfg["model"]["head_size"], dataset_info(cfg["dataset"]["name"]).num_classes)
     check_client_options(name, cfg, spec.client_half())
     check_ssl_heads(name, cfg, server.ssl_heads)
-    server.check_config(cfg)
+    server.check_config(typed(Settings, cfg, algo))
     check_clients_train(name, cfg, spec.client_half())
     return cfg
 

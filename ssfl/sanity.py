@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssfl.experiment import resolve_experiment
+from ssfl.registry import settings_of
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.config import ConfigError
 from tasks.data import Dataset, load_dataset
@@ -134,23 +135,23 @@ def labeled_indices(labels: torch.Tensor, per_class: int, seed: int) -> np.ndarr
     return np.sort(np.concatenate(picks))
 
 
-def unlabeled_loss_for(method: str, algo: dict[str, Any]) -> UnlabeledLoss:
+def unlabeled_loss_for(method: str, algo: Any) -> UnlabeledLoss:
     """The method's unlabeled loss on (weak-view logits, strong-view logits)."""
-    tau = algo["threshold"]
+    tau = algo.threshold
     if method == "uda":
-        return lambda weak, strong: uda_loss(weak, strong, tau, algo["temperature"])
+        return lambda weak, strong: uda_loss(weak, strong, tau, algo.temperature)
     if method == "selftrain":
         return lambda weak, strong: selftrain_loss(weak, tau)
     return lambda weak, strong: (crl_loss if method == "crl" else fixmatch_loss)(weak, strong, tau)
 
 
-def labeled_loss_for(method: str, algo: dict[str, Any], num_classes: int, steps: int):
+def labeled_loss_for(method: str, algo: Any, num_classes: int, steps: int):
     """Cross-entropy; UDA's with training-signal annealing (UDA 3.2) over the run."""
     if method != "uda":
         return lambda logits, y, step: F.cross_entropy(logits, y)
 
     def tsa(logits: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
-        eta = tsa_threshold(step / steps, algo["tsa_schedule"], num_classes)
+        eta = tsa_threshold(step / steps, algo.tsa_schedule, num_classes)
         return tsa_cross_entropy(logits, y, eta)
 
     return tsa
@@ -171,29 +172,28 @@ def train_sanity(
     method: str, cfg: dict[str, Any], ds: Dataset, opts: SanityOptions, log=print
 ) -> dict[str, Any]:
     """Train the method's parts centrally; the results record (see the module doc)."""
-    device = resolve_device(cfg["device"])
-    algo, ccfg = cfg["algo"], cfg["client"]
-    batch = opts.batch_size or ccfg["batch_size"]
-    lab = labeled_indices(ds.train_y, opts.labels_per_class, derive_seed(cfg["seed"], "labels"))
+    settings = settings_of(cfg)
+    device = resolve_device(settings.device)
+    algo, ccfg = settings.algo, settings.client
+    batch = opts.batch_size or ccfg.batch_size
+    lab = labeled_indices(ds.train_y, opts.labels_per_class, derive_seed(settings.seed, "labels"))
     unl = np.setdiff1d(np.arange(len(ds.train_y)), lab)
     x_l, y_l = to_float(ds.train_x[lab], device), ds.train_y[lab].to(device)
     x_u, y_u = to_float(ds.train_x[unl], device), ds.train_y[unl].to(device)
     test_x, test_y = to_float(ds.test_x, device), ds.test_y.to(device)
-    shift = cfg["augment"]["weak_shift"]
-    n_ops, magnitude = int(algo["randaugment_n"]), float(algo["randaugment_m"])
+    shift = settings.augment.weak_shift
+    n_ops, magnitude = algo.randaugment_n, algo.randaugment_m
     weak = WeakAugment(ds.image_size, ds.flip, shift).to(device)
     strong = StrongAugment(ds.image_size, ds.flip, ds.channels, n_ops, magnitude, shift).to(device)
     u_loss = unlabeled_loss_for(method, algo)
     x_loss = labeled_loss_for(method, algo, ds.num_classes, opts.steps)
     start = time.monotonic()
-    with seeded(derive_seed(cfg["seed"], "sanity", method)) as gen:
-        model = model_for(cfg["model"], ds).to(device)
-        opt = make_sgd(
-            model.parameters(), ccfg["lr"], ccfg["momentum"], ccfg["weight_decay"], ccfg["nesterov"]
-        )
+    with seeded(derive_seed(settings.seed, "sanity", method)) as gen:
+        model = model_for(settings.model, ds).to(device)
+        opt = make_sgd(model.parameters(), ccfg.lr, ccfg.momentum, ccfg.weight_decay, ccfg.nesterov)
         blocks, evals, block = [], [], Block()
         for step in range(opts.steps):
-            lr = cosine_warmup_lr(step, ccfg["lr"], opts.steps, 0.0, COSINE_CYCLES, 0.0)
+            lr = cosine_warmup_lr(step, ccfg.lr, opts.steps, 0.0, COSINE_CYCLES, 0.0)
             il = random_batch(len(x_l), batch, gen).to(device)
             iu = random_batch(len(x_u), opts.mu * batch, gen).to(device)
             xb = x_u[iu]
@@ -203,7 +203,7 @@ def train_sanity(
             logits_w, logits_s = logits[len(il) :].chunk(2)
             loss_x = x_loss(logits_x, y_l[il], step)
             loss_u, mask = u_loss(logits_w, logits_s)
-            loss = loss_x + algo["lambda_u"] * loss_u
+            loss = loss_x + algo.lambda_u * loss_u
             set_lr(opt, lr)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ssfl.experiment import resolve_experiment
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from tasks.config import ConfigError
 from tasks.data import Dataset, dataset_info, dataset_request, load_dataset
 from tasks.partition import Split, make_split
@@ -105,12 +105,13 @@ def build_client_half(cfg: dict[str, Any], dataset: Dataset) -> None:
     """Build the model and SGD a client of the method builds in its first round (nothing for
     a method without clients), through the client half's own ``build_model`` and
     ``optimizer``, without a Flower message or a partition."""
-    cls = method(cfg["method"]).client_half()
+    settings = settings_of(cfg)
+    cls = method(settings.method).client_half()
     if cls is None:
         return
     client = cls.__new__(cls)
-    client.cfg, client.algo, client.data = cfg, cfg["algo"], dataset
-    client.device, client.state, client.lr = torch.device("cpu"), {}, cfg["client"]["lr"]
+    client.settings, client.algo, client.data = settings, settings.algo, dataset
+    client.device, client.state, client.lr = torch.device("cpu"), {}, settings.client.lr
     client.model = client.build_model()
     client.optimizer()
 

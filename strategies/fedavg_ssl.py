@@ -11,7 +11,8 @@ from typing import Any
 
 from strategies.loop import ServerHalf
 from strategies.server_sl import SERVER_SCHEDULE
-from tasks.config import POSITIVE, UNIT, ConfigError, Range, deep_merge
+from tasks.config import ConfigError, deep_merge
+from tasks.settings import Settings
 
 # SSL heads sized for the small CNN's 128-d feature (ours; FedSup 5.1.1: 512 with ResNet-18).
 PROJECTOR = {"model": {"projector_dim": 128}}
@@ -30,30 +31,20 @@ class FedAvgSSL(ServerHalf):
         return deep_merge(SERVER_SCHEDULE, heads)
 
     @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        mcfg, name = cfg["model"], cfg["method"]
-        if not mcfg["projector_dim"]:
+    def check_config(cls, settings: Settings) -> None:
+        model, name = settings.model, settings.method
+        if not model.projector_dim:
             raise ConfigError(
                 f"config key 'model.projector_dim': {name} trains a projector: set it > 0"
             )
-        if cls.needs_predictor and not mcfg["predictor_dim"]:
+        if cls.needs_predictor and not model.predictor_dim:
             raise ConfigError(
                 f"config key 'model.predictor_dim': {name} trains a predictor: set it > 0"
             )
 
 
 class FedAvgSimCLR(FedAvgSSL):
-    """NT-Xent clients (FedSup eq. 3.3)."""
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        # tau = 0.5 (FedSup 5.1.1); decoupled: eq. 3.3 as printed drops the positive pair
-        # from the denominator, Chen et al. keep it (ours: Chen et al.).
-        return deep_merge(super().defaults(), {"algo": {"temperature": 0.5, "decoupled": False}})
-
-    @classmethod
-    def rules(cls) -> dict[str, Range]:
-        return {"algo.temperature": POSITIVE}
+    """NT-Xent clients (FedSup eq. 3.3); keys: client_app.ssl.SimCLRSettings."""
 
 
 class FedAvgSimSiam(FedAvgSSL):
@@ -64,17 +55,8 @@ class FedAvgSimSiam(FedAvgSSL):
 
 
 class FedAvgBYOL(FedAvgSSL):
-    """Clients with a per-round EMA target (FedSup section 3.2.4)."""
+    """Clients with a per-round EMA target (FedSup section 3.2.4); keys:
+    client_app.ssl.BYOLSettings."""
 
     needs_predictor = True
     ssl_heads = frozenset({"model.projector_dim", "model.predictor_dim"})
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        # mu: FedSup does not state it; BYOL's base rate is 0.996 over long runs, ours
-        # 0.99 because the target lives only for one round's local steps.
-        return deep_merge(super().defaults(), {"algo": {"ema": 0.99}})
-
-    @classmethod
-    def rules(cls) -> dict[str, Range]:
-        return {"algo.ema": UNIT}  # the target's EMA rate (1: the target never moves)

@@ -19,10 +19,8 @@ from strategies.parts import (
     SupervisedTrainer,
     TestAccuracy,
 )
-from strategies.server_sl import LABELS_AT_SERVER_RULES
-from tasks.config import POSITIVE, ConfigError, Range
-
-LOSSES = ("crl", "selftrain")
+from tasks.config import ConfigError
+from tasks.settings import Settings
 
 
 class FedAvgWithServer(ServerHalf):
@@ -49,33 +47,11 @@ class FedAvgWithServer(ServerHalf):
             "server": sgd,
             "client": client,
             "lr_schedule": {"name": "cosine", "cycles": 0.4375, "floor": 0.0001},
-            "algo": {
-                "loss": "crl",  # eq. 6; "selftrain" = eq. 3
-                "threshold": 0.95,  # tau of eq. 3 and 6 (3.3, as FixMatch)
-                "lambda_u": 1.0,
-                "randaugment_n": 2,  # A(.) of eq. 6: RandAugment(n = 2, m = 10)
-                "randaugment_m": 10.0,
-                # ours, not in the paper: pseudo-labels from weak-view probabilities
-                # aligned to uniform (ReMixMatch's distribution alignment)
-                "distribution_alignment": False,
-                # ours, not in the paper: the server's model weighs a against each user's 1
-                # in eq. 4 / eq. 7 (1 = the paper's equal weights)
-                "server_weight": 1.0,
-            },
         }
 
     @classmethod
-    def rules(cls) -> dict[str, Range]:
-        return {**LABELS_AT_SERVER_RULES, "algo.server_weight": POSITIVE}
-
-    @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        algo = cfg["algo"]
-        if algo["loss"] not in LOSSES:
-            raise ConfigError(
-                f"config key 'algo.loss': {algo['loss']!r} is not one of crl, selftrain"
-            )
-        if cfg["server"]["local_steps"] < 1 or cfg["client"]["local_steps"] < 1:
+    def check_config(cls, settings: Settings) -> None:
+        if settings.server.local_steps < 1 or settings.client.local_steps < 1:
             raise ConfigError(
                 "config keys 'server.local_steps' and 'client.local_steps': the SSFL methods "
                 "count the communication period T in SGD steps; both must be >= 1"
@@ -83,7 +59,7 @@ class FedAvgWithServer(ServerHalf):
 
     @classmethod
     def aggregator(cls, server: ServerSide) -> AverageWithServer:
-        return AverageWithServer(server, server.cfg["algo"]["server_weight"])
+        return AverageWithServer(server, server.settings.algo.server_weight)
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:

@@ -33,19 +33,8 @@ from strategies.parts import (
     array_problem,
     to_record,
 )
-from strategies.server_sl import RANDAUGMENT_RULES
 from tasks.aggregate import weighted_average
-from tasks.config import (
-    MAX_BATCH,
-    MAX_CLIENTS,
-    MAX_ROUNDS,
-    NON_NEGATIVE,
-    POSITIVE,
-    UNIT,
-    ConfigError,
-    Range,
-    between,
-)
+from tasks.config import ConfigError
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -54,6 +43,7 @@ from tasks.decompose import (
     uploaded_parts,
 )
 from tasks.fedmatch import HelperIndex, is_helper_round, noise_input
+from tasks.settings import Settings
 from tasks.sparse import (
     PAYLOAD_KEYS,
     Broadcast,
@@ -77,7 +67,7 @@ class SigmaTrainer(SupervisedTrainer):
 
     def loss(self, server_round: int) -> tuple[LossFn | None, Metrics]:
         self.model.train_only("sigma")
-        lam = self.cfg["algo"]["lambda_s"]
+        lam = self.settings.algo.lambda_s
         return (lambda logits, y: lam * F.cross_entropy(logits, y)), {}
 
 
@@ -93,8 +83,9 @@ class SparseSync(DenseCodec):
 
     def __init__(self, server: ServerSide, model: Decomposed):
         super().__init__()
-        self.cfg, self.algo, self.model = server.cfg, server.cfg["algo"], model
-        self.uploaded = uploaded_parts(model, self.cfg["split"]["scenario"] == "labels_at_client")
+        settings, self.model = server.settings, model
+        self.algo = settings.algo
+        self.uploaded = uploaded_parts(model, settings.split.scenario == "labels_at_client")
         self.public = {part: Broadcast() for part in model.parts()}
         self.synced: dict[int, int] = {}  # partition -> round whose public copy it holds
         self.latest: dict[int, torch.Tensor] = {}  # partition -> its last unlabeled part
@@ -102,7 +93,7 @@ class SparseSync(DenseCodec):
         self.index: HelperIndex | None = None
         ds = server.dataset
         self.noise = noise_input(
-            ds.channels, ds.image_size, derive_seed(self.cfg["seed"], "fedmatch-noise")
+            ds.channels, ds.image_size, derive_seed(settings.seed, "fedmatch-noise")
         ).to(server.device)
         self.dense_model_bytes = dense_model_bytes(model)
 
@@ -110,16 +101,16 @@ class SparseSync(DenseCodec):
     def begin_round(self, server_round: int) -> Metrics:
         """Publish the round's model (changes > delta); on helper rounds index the clients."""
         for part in self.model.parts():
-            self.public[part].publish(self.model.flat(part), self.algo["delta"], server_round)
-        helper_round = is_helper_round(server_round, self.algo["helper_interval"])
-        use_helpers = helper_round and self.algo["num_helpers"] > 0 and self.embeddings
+            self.public[part].publish(self.model.flat(part), self.algo.delta, server_round)
+        helper_round = is_helper_round(server_round, self.algo.helper_interval)
+        use_helpers = helper_round and self.algo.num_helpers > 0 and self.embeddings
         self.index = HelperIndex(self.embeddings) if use_helpers else None
         return {"helper_round": float(self.index is not None)}
 
     def helpers_of(self, pid: int) -> list[int]:
         if self.index is None:
             return []
-        return self.index.helpers(pid, self.algo["num_helpers"])
+        return self.index.helpers(pid, self.algo.num_helpers)
 
     def config(self, server_round: int, pid: int) -> dict[str, Any]:
         """The round of the client's copy (-1: dense) and its helpers."""
@@ -140,7 +131,7 @@ class SparseSync(DenseCodec):
             ref = self.public[self.model.unlabeled_part].value
             arrays: dict[str, np.ndarray] = {}
             for j, helper in enumerate(helpers):
-                changes = encode_changes(self.latest[helper], ref, self.algo["delta"])
+                changes = encode_changes(self.latest[helper], ref, self.algo.delta)
                 arrays.update(payload_arrays(changes, f"h{j}"))
             out["helpers"] = to_record(arrays)
         return out
@@ -269,49 +260,16 @@ class FedMatch(ServerHalf):
                 "batch_size": 100,
             },
             "client": {"lr": 1e-3, "momentum": 0.0, "weight_decay": 1e-4, "batch_size": 100},
-            "algo": {
-                "decomposition": True,  # false: the "FedMatch (w/o)" ablation, theta = sigma
-                "psi_factor": 0.2,  # psi starts as 0.2 sigma (official code)
-                "num_helpers": 2,  # H (Table 1-2); 0: the no-helper ablation
-                "helper_interval": 10,  # helpers every 10th round (section 3.1)
-                "confidence": 0.75,  # tau of the pseudo-labels (official code)
-                "lambda_s": 10.0,  # eq. 4 (Table 4)
-                "lambda_i": 1e-2,  # inter-client KL of eq. 1 (official lambda_i)
-                "lambda_a": 1e-2,  # agreement cross-entropy of eq. 2 (official lambda_a)
-                "lambda_l1": 1e-5,  # eq. 5 (Table 4, labels-at-server; 1e-4 at client)
-                "lambda_l2": 10.0,  # eq. 5 (Table 4)
-                "l1_threshold": 1e-5,  # |psi| at or below is zeroed (official; 5e-6 at client)
-                "delta": 1e-5,  # sparse-transmission threshold (official; 5e-5 at client)
-                "labeled_batch_size": 10,  # labels-at-client labeled batch (official)
-                "randaugment_n": 2,  # RandAugment view pi(u) of eq. 2
-                "randaugment_m": 5.0,  # official: magnitude drawn in 2..5 of 10
-            },
         }
 
     @classmethod
-    def rules(cls) -> dict[str, Range]:
-        weights = ("lambda_i", "lambda_a", "lambda_l1", "lambda_l2")
-        return {
-            "algo.psi_factor": UNIT,
-            "algo.num_helpers": between(0, MAX_CLIENTS),
-            "algo.helper_interval": between(1, MAX_ROUNDS),
-            "algo.confidence": UNIT,
-            "algo.lambda_s": POSITIVE,
-            **{f"algo.{key}": NON_NEGATIVE for key in weights},
-            "algo.l1_threshold": NON_NEGATIVE,
-            "algo.delta": NON_NEGATIVE,
-            "algo.labeled_batch_size": between(1, MAX_BATCH),
-            **RANDAUGMENT_RULES,
-        }
-
-    @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        if cfg["eval"]["protocol_every"]:
+    def check_config(cls, settings: Settings) -> None:
+        if settings.eval.protocol_every:
             raise ConfigError(
                 "config key 'eval.protocol_every': fedmatch's model is sigma + psi, not an "
                 "encoder with one head; the protocols do not apply (set it to 0)"
             )
-        if cfg["server"]["local_steps"]:
+        if settings.server.local_steps:
             raise ConfigError(
                 "config key 'server.local_steps': fedmatch trains sigma in epochs "
                 "(server.epochs); set it to 0"
@@ -320,8 +278,8 @@ class FedMatch(ServerHalf):
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:
         """The global model becomes sigma + psi (tasks.decompose) before any part sees it."""
-        algo = server.cfg["algo"]
-        model = Decomposed(server.model, algo["psi_factor"], algo["decomposition"])
+        algo = server.settings.algo
+        model = Decomposed(server.model, algo.psi_factor, algo.decomposition)
         server.model = model.to(server.device)
         sync = SparseSync(server, model)
         return Parts(SigmaTrainer(server, model), sync, TestAccuracy(server), sync)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from torch import nn
 
+from client_app.fedossl import FedoSSLSettings
 from strategies.loop import Parts, ServerHalf
 from strategies.parts import (
     DenseCodec,
@@ -42,24 +43,9 @@ from strategies.parts import (
 )
 from tasks.aggregate import weighted_average
 from tasks.augment import StrongAugment
-from tasks.config import (
-    DEFAULTS,
-    MAX_BATCH,
-    MAX_CLIENTS,
-    MAX_EPOCHS,
-    MAX_IMAGES,
-    MAX_ROUNDS,
-    MAX_STEPS,
-    MAX_WIDTH,
-    NON_NEGATIVE,
-    POSITIVE,
-    UNIT,
-    ConfigError,
-    Range,
-    between,
-)
+from tasks.config import ConfigError
 from tasks.data import dataset_info
-from tasks.models import TRAINABLE, classifier_keys, head_of, model_for
+from tasks.models import classifier_keys, head_of, model_for
 from tasks.openworld import (
     claim_seen_rows,
     cluster_global_centroids,
@@ -68,18 +54,17 @@ from tasks.openworld import (
 )
 from tasks.partition import class_roles
 from tasks.pretrain import cached_pretrain, settings_from, simclr_pretrain
+from tasks.settings import Settings
 from tasks.train import autocast, derive_seed, seeded, to_float
 
 log = logging.getLogger(__name__)
 
-PERSONAL = ("none", "head", "all")
-OBJECTIVES = ("orca", "nach", "semifl")
 METRICS = ("acc_all", "acc_seen", "acc_unseen", "acc_lu", "acc_gu")
 
 
-def uses_centroids(algo: dict[str, Any]) -> bool:
+def uses_centroids(algo: FedoSSLSettings) -> bool:
     """Whether the calibration module runs (gamma != 0): only then do centroids travel."""
-    return algo["gamma"] != 0.0
+    return algo.gamma != 0.0
 
 
 class GlobalCentroids:
@@ -87,12 +72,12 @@ class GlobalCentroids:
     client; refined each round from the clients' local centroids (Fig. 1 step 4)."""
 
     def __init__(self, server: ServerSide):
-        self.server, self.algo = server, server.cfg["algo"]
+        self.server, self.algo = server, server.settings.algo
         head = head_of(server.model)
-        count = self.algo["global_centroids"] or head.out_features
-        gen = torch.Generator().manual_seed(derive_seed(server.cfg["seed"], "centroids"))
+        count = self.algo.global_centroids or head.out_features
+        gen = torch.Generator().manual_seed(derive_seed(server.settings.seed, "centroids"))
         self.m = F.normalize(torch.randn(count, head.in_features, generator=gen), dim=1)
-        roles = roles_of(server.cfg, server.dataset.num_classes)
+        roles = roles_of(server.settings, server.dataset.num_classes)
         self.seen = [c for c, r in enumerate(roles) if r == "S"]
 
     def update(self, server_round: int) -> Metrics:
@@ -119,10 +104,10 @@ class GlobalCentroids:
         m = cluster_global_centroids(
             self.m,
             local,
-            steps=a["server_cluster_steps"],
-            lr=a["server_cluster_lr"],
-            temperature=a["centroid_temperature"],
-            sharpness=a["sinkhorn_sharpness"],
+            steps=a.server_cluster_steps,
+            lr=a.server_cluster_lr,
+            temperature=a.centroid_temperature,
+            sharpness=a.sinkhorn_sharpness,
         )
         sums, counts = sum(stacked("seen_sums")), sum(stacked("seen_counts"))
         present = counts > 0
@@ -133,9 +118,9 @@ class GlobalCentroids:
         return {"local_centroids": len(local)}
 
 
-def roles_of(cfg: dict[str, Any], num_classes: int) -> str:
+def roles_of(settings: Settings, num_classes: int) -> str:
     """The role letter of every class (tasks.partition.class_roles)."""
-    return class_roles(cfg["split"]["class_roles"], num_classes)
+    return class_roles(settings.split.class_roles, num_classes)
 
 
 class SimCLRStart(NoTrainer):
@@ -146,22 +131,22 @@ class SimCLRStart(NoTrainer):
 
     def __init__(self, server: ServerSide):
         self.server = server
-        self.settings = settings_from(server.cfg["algo"])
+        self.settings = settings_from(server.settings.algo)
         self.record: Metrics = {}
 
     def key(self) -> dict[str, Any]:
         """Every input of the stage (tasks.pretrain.cached_pretrain keeps its result)."""
-        cfg, algo = self.server.cfg, self.server.cfg["algo"]
+        cfg, s = self.server.cfg, self.server.settings
         return {
             "dataset": cfg["dataset"],
             "split": cfg["split"],
-            "seed": cfg["seed"],
+            "seed": s.seed,
             "model": cfg["model"],
             "simclr": asdict(self.settings),
-            "views": [algo["randaugment_n"], algo["randaugment_m"], cfg["augment"]["weak_shift"]],
+            "views": [s.algo.randaugment_n, s.algo.randaugment_m, s.augment.weak_shift],
             "device": self.server.device.type,
             # Only when on, so that the float32 stages kept before amp existed stay valid.
-            **({"amp": cfg["train"]["amp"]} if cfg["train"]["amp"] != "off" else {}),
+            **({"amp": s.train.amp} if s.train.amp != "off" else {}),
         }
 
     def bootstrap(self) -> None:
@@ -189,18 +174,19 @@ class SimCLRStart(NoTrainer):
     def _pretrain(self, pool: np.ndarray) -> list[float]:
         """SimCLR on the images ``pool`` indexes, with the strong views of the run (under
         bf16 autocast when train.amp is bf16)."""
-        s, cfg = self.server, self.server.cfg
-        algo, ds = cfg["algo"], s.dataset
+        s, settings = self.server, self.server.settings
+        algo, ds = settings.algo, s.dataset
         augment = StrongAugment(
             ds.image_size,
             ds.flip,
             ds.channels,
-            algo["randaugment_n"],
-            algo["randaugment_m"],
-            cfg["augment"]["weak_shift"],
+            algo.randaugment_n,
+            algo.randaugment_m,
+            settings.augment.weak_shift,
         ).to(s.device)
         images = to_float(ds.train_x[pool], s.device)
-        with seeded(derive_seed(cfg["seed"], "pretrain")) as generator, autocast(cfg, s.device):
+        seed = derive_seed(settings.seed, "pretrain")
+        with seeded(seed) as generator, autocast(settings.train.amp, s.device):
             return simclr_pretrain(s.model, images, augment, self.settings, generator)
 
     def train(self, server_round: int) -> Metrics:
@@ -214,7 +200,7 @@ class OpenWorldAverage:
 
     def __init__(self, server: ServerSide, centroids: GlobalCentroids | None):
         self.server, self.centroids = server, centroids
-        self.algo = server.cfg["algo"]
+        self.algo = server.settings.algo
         self.head_keys = set(classifier_keys(server.model))
         self.kept: dict[int, dict[str, np.ndarray]] = {}  # per client: its head or model
 
@@ -227,9 +213,9 @@ class OpenWorldAverage:
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
         states = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
-        weights = [float(u.num_examples) if self.algo["weighted_average"] else 1.0 for u in updates]
+        weights = [float(u.num_examples) if self.algo.weighted_average else 1.0 for u in updates]
         average = weighted_average([states[u.pid] for u in updates], weights)
-        personal = self.algo["personal"]
+        personal = self.algo.personal
         for pid, state in states.items():
             if personal == "head":
                 self.kept[pid] = {k: v for k, v in state.items() if k in self.head_keys}
@@ -248,7 +234,7 @@ class OpenWorldAverage:
 
     def local_models(self) -> list[dict[str, np.ndarray]]:
         """The clients' own models (personal all), in partition order."""
-        if self.algo["personal"] != "all":
+        if self.algo.personal != "all":
             return []
         return [self.kept[pid] for pid in sorted(self.kept)]
 
@@ -260,10 +246,10 @@ class OpenWorldAccuracy:
 
     def __init__(self, server: ServerSide, aggregator: OpenWorldAverage):
         self.server, self.aggregator = server, aggregator
-        cfg = server.cfg
-        roles = roles_of(cfg, server.dataset.num_classes)
+        settings = server.settings
+        roles = roles_of(settings, server.dataset.num_classes)
         self.groups = [[c for c, r in enumerate(roles) if r == letter] for letter in "SLG"]
-        self.scale, self.batch = cfg["algo"]["logit_scale"], cfg["eval"]["batch_size"]
+        self.scale, self.batch = settings.algo.logit_scale, settings.eval.batch_size
         self.best: dict[str, float] = {}
         self.scratch: nn.Module | None = None
 
@@ -294,7 +280,7 @@ class OpenWorldAccuracy:
 
     def mean_over(self, states: list[dict[str, np.ndarray]]) -> Metrics:
         if self.scratch is None:
-            self.scratch = model_for(self.server.cfg["model"], self.server.dataset)
+            self.scratch = model_for(self.server.settings.model, self.server.dataset)
         rows = []
         for state in states:
             self.scratch.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
@@ -310,7 +296,7 @@ class CentroidCodec(DenseCodec):
     def __init__(self, server: ServerSide, centroids: GlobalCentroids | None):
         super().__init__([centroids] if centroids is not None else [])
         self.centroids = centroids
-        self.algo = server.cfg["algo"]
+        self.algo = server.settings.algo
         self.width = head_of(server.model).in_features
 
     def validate(self, update: Update, global_state) -> str | None:
@@ -322,7 +308,7 @@ class CentroidCodec(DenseCodec):
             return "no 'centroids' record"
         seen = len(self.centroids.seen)
         shapes = {
-            "local": (self.algo["local_centroids"], self.width),
+            "local": (self.algo.local_centroids, self.width),
             "seen_sums": (seen, self.width),
             "seen_counts": (seen,),
         }
@@ -342,171 +328,59 @@ class FedoSSL(ServerHalf):
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return {
-            "split": {
-                "scenario": "open_world",
-                "labeled_per_class": 0,  # Definition 1: the labels are at the clients
-                "val_size": 0,
-                # One letter per class (S seen, L locally unseen, G globally unseen);
-                # "" = section 5: 60% seen, one locally unseen, the rest globally unseen.
-                "class_roles": "",
-                "labeled_fraction": 0.5,  # section 5: 50% of each seen class labeled
-                "role_clients": 0,  # clients the roles are laid over (0 = num_clients)
-                "samples_per_class": 0,  # 0 = every training image of each class
-            },
+            # Definition 1: the labels are at the clients (split.labeled_fraction of each
+            # seen class), none at the server.
+            "split": {"scenario": "open_world", "labeled_per_class": 0, "val_size": 0},
             # Section 5: SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 512, E = 5.
             "client": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 512},
-            "algo": {
-                "alpha": 1.0,  # eq. 1: weight of the pairwise objective L_u
-                "beta": 1.0,  # eq. 4: weight of R_i
-                "flip_suppressed": False,  # true: R_i maximised (the code's commented-out sign)
-                "gamma": 1.0,  # eq. 4: weight of L_cal (Fig. 5: 0.5 best); 0 = no centroids
-                "ce_weight": 1.0,  # eq. 7: L_ce (0: Table 3's ablation without L_ce)
-                "cluster_weight": 1.0,  # eq. 7: L_cluster (code: 0.5)
-                "entropy_weight": 1.0,  # code: -H(mean p), ORCA's regulariser
-                "tau": 0.2,  # eq. 6: tau in (0, 1] (code: 0.2)
-                "logit_scale": 10.0,  # code: the cosine head 10 * <z^, w^_c>
-                "max_margin": 0.5,  # code: margin = min(u_bar, 0.5) (ORCA)
-                "calibration_threshold": 0.95,  # code: L_ce on q > 0.95
-                "centroid_temperature": 0.1,  # eq. 8-9: q = softmax(z^ . m / T), code T = 0.1
-                "cluster_from_round": 5,  # code: L_cluster from round 5
-                "ce_from_round": 7,  # code: L_ce from round 7
-                "local_centroids": 32,  # Fig. 1 step 1: L = 32 for 10 classes
-                "global_centroids": 0,  # 0 = the class count (10 for CIFAR-10)
-                "centroid_samples": 1024,  # code: a 1,024-feature memory
-                "kmeans_iters": 5,  # code: models/resnet_s.py, 5 iterations (SemiFL*'s too)
-                "sinkhorn_sharpness": 25.0,  # code: lambda 25
-                "server_cluster_steps": 500,  # code: 500 SGD steps on m
-                "server_cluster_lr": 0.01,  # code: lr 0.01, momentum 0.9
-                "weighted_average": True,  # section 3.1: n_i / n weights (code: uniform)
-                "personal": "none",  # head: FedRep (Fed-RO); all: Local-O
-                # Table 2 baselines: orca (ORCA, FedoSSL), nach (NACH), semifl (SemiFL*)
-                "objective": "orca",
-                "pseudo_threshold": 0.95,  # NACH: seen threshold; SemiFL: fixed threshold
-                "ood_threshold": 0.5,  # SemiFL* (ours): OOD when no seen class reaches it
-                # SemiFL* (ours): pseudo-labels from this round on; SemiFL's server trains on
-                # the labels before clients pseudo-label, here round 1 trains on them alone
-                "pseudo_from_round": 2,
-                "self_training_weight": 1.0,  # NACH / SemiFL*: weight of the strong-view CE
-                # SemiFL's fix-mix term (official code: modules.py, Beta(0.75, 0.75)): its
-                # weight (0: the fix term alone, as the Table 2 cells ran) and mixup's alpha
-                "mix_weight": 0.0,
-                "mixup_alpha": 0.75,
-                "randaugment_n": 2,  # NACH / SemiFL*: the strong view, RandAugment (n, m)
-                "randaugment_m": 10.0,
-                # Section 5: every method starts from a SimCLR-pretrained model; epochs of
-                # SimCLR on the clients' pooled images before round 1 (0: from scratch)
-                "pretrain_epochs": 0,
-                "pretrain_batch_size": 512,  # ours (the official checkpoint's not given)
-                "pretrain_lr": 0.5,  # ours: SGD, cosine-decayed (SimCLR: 0.3 x batch / 256, LARS)
-                "pretrain_temperature": 0.5,  # SimCLR's tau (FedSup section 5.1.1: 0.5)
-                "pretrain_projector_dim": 128,  # ours: the projector thrown away after
-                # Section 5 (as ORCA): last_block = only the last block and the head train
-                "trainable": "all",
-            },
         }
 
     @classmethod
-    def rules(cls) -> dict[str, Range]:
-        # global_centroids' upper bound is the class count, local_centroids' the samples
-        # (check_config).
-        return {
-            "split.labeled_fraction": Range(0, 1, low_open=True, high_open=True),
-            "split.role_clients": between(0, MAX_CLIENTS),
-            "split.samples_per_class": between(0, MAX_IMAGES),
-            "algo.alpha": NON_NEGATIVE,
-            "algo.beta": NON_NEGATIVE,
-            "algo.gamma": NON_NEGATIVE,
-            "algo.ce_weight": NON_NEGATIVE,
-            "algo.cluster_weight": NON_NEGATIVE,
-            "algo.entropy_weight": NON_NEGATIVE,
-            "algo.tau": Range(0, 1, low_open=True),
-            "algo.logit_scale": POSITIVE,
-            "algo.max_margin": NON_NEGATIVE,
-            "algo.calibration_threshold": UNIT,
-            "algo.centroid_temperature": POSITIVE,
-            "algo.cluster_from_round": between(1, MAX_ROUNDS),
-            "algo.ce_from_round": between(1, MAX_ROUNDS),
-            "algo.local_centroids": between(1, MAX_IMAGES),
-            "algo.global_centroids": between(0, MAX_WIDTH),
-            "algo.centroid_samples": between(1, MAX_IMAGES),
-            "algo.kmeans_iters": between(0, MAX_STEPS),
-            "algo.sinkhorn_sharpness": POSITIVE,
-            "algo.server_cluster_steps": between(0, MAX_STEPS),
-            "algo.server_cluster_lr": POSITIVE,
-            "algo.pseudo_threshold": UNIT,
-            "algo.ood_threshold": UNIT,
-            "algo.pseudo_from_round": between(1, MAX_ROUNDS),
-            "algo.self_training_weight": NON_NEGATIVE,
-            "algo.mix_weight": NON_NEGATIVE,
-            "algo.mixup_alpha": POSITIVE,
-            "algo.randaugment_n": between(0, 16),
-            "algo.randaugment_m": between(0, 10),
-            "algo.pretrain_epochs": between(0, MAX_EPOCHS),
-            "algo.pretrain_batch_size": between(2, MAX_BATCH),
-            "algo.pretrain_lr": POSITIVE,
-            "algo.pretrain_temperature": POSITIVE,
-            "algo.pretrain_projector_dim": between(1, MAX_WIDTH),
-        }
-
-    @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        algo, split = cfg["algo"], cfg["split"]
-        if split["scenario"] != "open_world":
+    def check_config(cls, settings: Settings) -> None:
+        algo, split = settings.algo, settings.split
+        if split.scenario != "open_world":
             raise ConfigError("config key 'split.scenario': fedossl needs open_world")
-        if split["labeled_per_class"] or split["client_labeled_per_class"]:
+        if split.labeled_per_class or split.client_labeled_per_class:
             raise ConfigError(
                 "config key 'split.labeled_per_class': open_world labels are at the clients "
                 "(split.labeled_fraction); set labeled_per_class and client_labeled_per_class to 0"
             )
-        if not 0.0 < split["labeled_fraction"] < 1.0:
-            raise ConfigError("config key 'split.labeled_fraction': must be in (0, 1)")
-        server = {k: v for k, v in cfg["server"].items() if v != DEFAULTS["server"][k]}
-        if server:
-            raise ConfigError(
-                f"config key 'server.{next(iter(server))}': fedossl's server does not train"
-            )
-        classes = dataset_info(cfg["dataset"]["name"]).num_classes
-        if "S" not in class_roles(split["class_roles"], classes):
+        changed = [
+            f.name for f in fields(settings.server) if getattr(settings.server, f.name) != f.default
+        ]
+        if changed:
+            raise ConfigError(f"config key 'server.{changed[0]}': fedossl's server does not train")
+        classes = dataset_info(settings.dataset.name).num_classes
+        if "S" not in class_roles(split.class_roles, classes):
             raise ConfigError("config key 'split.class_roles': needs at least one seen class (S)")
-        if algo["objective"] not in OBJECTIVES:
-            raise ConfigError(f"config key 'algo.objective': one of {', '.join(OBJECTIVES)}")
-        if algo["objective"] == "semifl" and (algo["beta"] or algo["gamma"]):
+        if algo.objective == "semifl" and (algo.beta or algo.gamma):
             raise ConfigError(
                 "config key 'algo.objective': semifl uses neither R_i nor L_cal; "
                 "set algo.beta and algo.gamma to 0"
             )
-        if algo["mix_weight"] and algo["objective"] != "semifl":
+        if algo.mix_weight and algo.objective != "semifl":
             raise ConfigError(
                 "config key 'algo.mix_weight': SemiFL's term; needs algo.objective semifl"
             )
-        if algo["ood_threshold"] > algo["pseudo_threshold"]:
+        if algo.ood_threshold > algo.pseudo_threshold:
             raise ConfigError(
                 "config key 'algo.ood_threshold': must be at most algo.pseudo_threshold"
             )
-        if algo["trainable"] not in TRAINABLE:
-            raise ConfigError(f"config key 'algo.trainable': one of {', '.join(TRAINABLE)}")
-        if algo["personal"] not in PERSONAL:
-            raise ConfigError(f"config key 'algo.personal': one of {', '.join(PERSONAL)}")
-        for key in ("alpha", "beta", "gamma", "ce_weight", "cluster_weight", "entropy_weight"):
-            if algo[key] < 0:
-                raise ConfigError(f"config key 'algo.{key}': must be >= 0, got {algo[key]}")
-        if not 0.0 < algo["tau"] <= 1.0:
-            raise ConfigError(f"config key 'algo.tau': must be in (0, 1], got {algo['tau']}")
-        if algo["global_centroids"] > classes or algo["global_centroids"] < 0:
+        if algo.global_centroids > classes:
             raise ConfigError(
-                f"config key 'algo.global_centroids': {algo['global_centroids']} global "
+                f"config key 'algo.global_centroids': {algo.global_centroids} global "
                 f"centroids for {classes} classes; at most one per class (0 = {classes})"
             )
-        if algo["local_centroids"] < 1 or algo["local_centroids"] > algo["centroid_samples"]:
+        if algo.local_centroids > algo.centroid_samples:
             raise ConfigError(
                 "config key 'algo.local_centroids': must be in [1, algo.centroid_samples]"
             )
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:
-        centroids = GlobalCentroids(server) if uses_centroids(server.cfg["algo"]) else None
+        centroids = GlobalCentroids(server) if uses_centroids(server.settings.algo) else None
         aggregator = OpenWorldAverage(server, centroids)
-        trainer = SimCLRStart(server) if server.cfg["algo"]["pretrain_epochs"] else NoTrainer()
+        trainer = SimCLRStart(server) if server.settings.algo.pretrain_epochs else NoTrainer()
         return Parts(
             trainer,
             aggregator,

@@ -9,26 +9,15 @@ as users.
 
 from __future__ import annotations
 
-from typing import Any
-
 from strategies.fedavg_with_server import FedAvgWithServer
 from strategies.parts import GroupedAverage, ServerSide
-from tasks.config import MAX_CLIENTS, Range, between, deep_merge
 
 
 class FedRGD(FedAvgWithServer):
-    """FedAvg with the server's model joining, grouped (eq. 7 in place of eq. 4)."""
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        # S = 2 groups on CIFAR-10 and SVHN (SSFL benchmark 3.3 and 4.3).
-        return deep_merge(super().defaults(), {"algo": {"groups": 2}})
-
-    @classmethod
-    def rules(cls) -> dict[str, Range]:
-        return {**super().rules(), "algo.groups": between(1, MAX_CLIENTS)}
+    """FedAvg with the server's model joining, grouped (eq. 7 in place of eq. 4); keys:
+    client_app.pseudo_label.FedRGDSettings."""
 
     @classmethod
     def aggregator(cls, server: ServerSide) -> GroupedAverage:
-        algo = server.cfg["algo"]
-        return GroupedAverage(server, algo["groups"], algo["server_weight"])
+        algo = server.settings.algo
+        return GroupedAverage(server, algo.groups, algo.server_weight)

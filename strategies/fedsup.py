@@ -31,8 +31,7 @@ from strategies.parts import (
     TestAccuracy,
     numpy_state,
 )
-from strategies.server_sl import RANDAUGMENT_RULES
-from tasks.config import MAX_CLIENTS, NON_NEGATIVE, POSITIVE, ConfigError, Range, between
+from tasks.config import ConfigError
 from tasks.data import dataset_info
 from tasks.models import (
     classifier_keys,
@@ -41,14 +40,16 @@ from tasks.models import (
     num_blocks,
     without_ssl_heads,
 )
+from tasks.settings import Settings
 from tasks.train import derive_seed, evaluate, seeded
 
 
 def build_teacher(server: ServerSide) -> nn.Module:
     """f_Server: the online network's architecture without the SSL heads, initialised as
     Server-SL's model (same seed), so it trains exactly as the Centralized baseline."""
-    with seeded(derive_seed(server.cfg["seed"], "init")):
-        return model_for(without_ssl_heads(server.cfg["model"]), server.dataset).to(server.device)
+    with seeded(derive_seed(server.settings.seed, "init")):
+        model = model_for(without_ssl_heads(server.settings.model), server.dataset)
+    return model.to(server.device)
 
 
 class TeacherTrainer(SupervisedTrainer):
@@ -76,7 +77,7 @@ class Teacher:
             self.teacher,
             self.server.test_x,
             self.server.test_y,
-            self.server.cfg["eval"]["batch_size"],
+            self.server.settings.eval.batch_size,
         )
         return {"teacher_accuracy": acc}
 
@@ -130,49 +131,28 @@ class FedSup(ServerHalf):
             # P = the small CNN's 128-d feature, which the prediction regresses (ResNet-18:
             # 512); H = 128 (ours; FedSup 5.1.1: 512 with ResNet-18).
             "model": {"projector_dim": 128, "predictor_dim": 128},
-            "algo": {
-                "lambda_s": 1e-4,  # section 4.1.1: lambda_s in {1, 1e-2, 1e-4}, 1e-4 chosen
-                "feature_blocks": 2,  # N: the small CNN's 2 blocks (ResNet-18: 4, Table 6.3)
-                "first_block": 0,  # the first block in L_MSE (resnet18: 1 skips the stem)
-                "consistency_weight": 1.0,  # 0: "without consistency" (Table 6.4)
-                "groups": 2,  # section 4.1.1: 5 clients in groups of 2 and 3
-                "randaugment_n": 2,  # the augmented view A(x): FixMatch's strong view
-                "randaugment_m": 10.0,
-            },
         }
 
     @classmethod
-    def rules(cls) -> dict[str, Range]:
-        # feature_blocks' upper bound is the model's block count (check_config).
-        return {
-            "algo.lambda_s": POSITIVE,
-            "algo.feature_blocks": NON_NEGATIVE,
-            "algo.first_block": NON_NEGATIVE,
-            "algo.consistency_weight": NON_NEGATIVE,
-            "algo.groups": between(1, MAX_CLIENTS),
-            **RANDAUGMENT_RULES,
-        }
-
-    @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        algo, mcfg = cfg["algo"], cfg["model"]
-        model = model_for(mcfg, dataset_info(cfg["dataset"]["name"]))
+    def check_config(cls, settings: Settings) -> None:
+        algo, mcfg = settings.algo, settings.model
+        model = model_for(mcfg, dataset_info(settings.dataset.name))
         if not has_ssl_heads(model, predictor=True):
             raise ConfigError(
                 "config key 'model.projector_dim': fedsup's online network needs a projector "
                 "and a predictor: set model.projector_dim and model.predictor_dim > 0"
             )
         width = model[1].head.in_features
-        if mcfg["projector_dim"] != width:
+        if mcfg.projector_dim != width:
             raise ConfigError(
                 f"config key 'model.projector_dim': fedsup's prediction regresses f_Server's "
                 f"{width}-d feature: set it to {width}"
             )
-        blocks = num_blocks(model) - algo["first_block"]
-        if algo["first_block"] < 0 or not 0 <= algo["feature_blocks"] <= blocks:
+        blocks = num_blocks(model) - algo.first_block
+        if algo.first_block < 0 or not 0 <= algo.feature_blocks <= blocks:
             raise ConfigError(
-                f"config key 'algo.feature_blocks': {mcfg['name']} has {num_blocks(model)} conv "
-                f"blocks, {blocks} from algo.first_block; got N = {algo['feature_blocks']}"
+                f"config key 'algo.feature_blocks': {mcfg.name} has {num_blocks(model)} conv "
+                f"blocks, {blocks} from algo.first_block; got N = {algo.feature_blocks}"
             )
 
     @classmethod
@@ -180,7 +160,7 @@ class FedSup(ServerHalf):
         teacher = build_teacher(server)
         return Parts(
             TeacherTrainer(server, teacher),
-            SupervisedGroups(server, server.cfg["algo"]["groups"], teacher),
+            SupervisedGroups(server, server.settings.algo.groups, teacher),
             TestAccuracy(server),
             DenseCodec([Teacher(server, teacher)]),
         )

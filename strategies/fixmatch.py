@@ -5,18 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from strategies.loop import ServerHalf
-from strategies.server_sl import LABELS_AT_SERVER_RULES, labels_at_server_defaults
-from tasks.config import Range
+from strategies.server_sl import SERVER_SCHEDULE
 
 
 class FedAvgFixMatch(ServerHalf):
-    """FedAvg of FixMatch clients; ``client.proximal_mu`` > 0 gives FedProx-FixMatch."""
+    """FedAvg of FixMatch clients; ``client.proximal_mu`` > 0 gives FedProx-FixMatch.
+    Its ``algo`` keys: tasks.settings.ConsistencySettings (threshold 0.9, FedSEAL 5.2.1)."""
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        # FedSEAL 5.2.1: "For FixMatch and UDA, the fixed confidence threshold is 0.9".
-        return labels_at_server_defaults(threshold=0.9)
-
-    @classmethod
-    def rules(cls) -> dict[str, Range]:
-        return LABELS_AT_SERVER_RULES
+        return SERVER_SCHEDULE

@@ -49,7 +49,7 @@ from strategies.parts import (
     record_bytes,
 )
 from tasks.checkpoint import kept_checkpoint, save_checkpoint
-from tasks.config import Range
+from tasks.settings import Settings
 from tasks.train import DEVICE_RECORD, derive_seed, device_name
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
@@ -201,13 +201,13 @@ class RoundLoop(Strategy):
         self, server: ServerSide, parts: Parts, on_round: Callable[[dict[str, Any]], None]
     ):
         self.server = server
-        self.cfg = server.cfg
+        self.settings = server.settings
         self.parts = parts
         self.on_round = on_round
         self.nodes: dict[int, int] = {}
         self.own_data: set[int] = set()  # partitions whose node trains on its own folder
-        self.sampler = random.Random(derive_seed(self.cfg["seed"], "sampling"))
-        self.config_json = json.dumps(self.cfg, sort_keys=True)
+        self.sampler = random.Random(derive_seed(self.settings.seed, "sampling"))
+        self.config_json = json.dumps(server.cfg, sort_keys=True)  # what clients receive
         self.scratch: nn.Module | None = None  # a copy of the model for clients' models
         self.protocols = Protocols(server)
         self.rows: list[dict[str, Any]] = []  # every round's results row, as on_round got it
@@ -223,9 +223,9 @@ class RoundLoop(Strategy):
     def summary(self) -> None:
         log.info(
             "method %s, %d clients, %s rounds",
-            self.cfg["method"],
-            self.cfg["split"]["num_clients"],
-            self.cfg["rounds"],
+            self.settings.method,
+            self.settings.split.num_clients,
+            self.settings.rounds,
         )
 
     def configure_train(
@@ -253,11 +253,11 @@ class RoundLoop(Strategy):
     def client_config(self, server_round: int, pid: int) -> ConfigRecord:
         """Round number, client learning rate (decayed per round), the full config and
         the codec's entries."""
-        ccfg = self.cfg["client"]
+        half = self.settings.client
         return ConfigRecord(
             {
                 "round": server_round,
-                "lr": ccfg["lr"] * ccfg["lr_decay"] ** (server_round - 1),
+                "lr": half.lr * half.lr_decay ** (server_round - 1),
                 "ssfl-config": self.config_json,
                 **self.parts.codec.config(server_round, pid),
             }
@@ -375,7 +375,7 @@ class RoundLoop(Strategy):
     def sample_partitions(self, server_round: int) -> list[int]:
         """Deterministic sample of clients_per_round partitions (0 = all)."""
         available = sorted(self.nodes)
-        k = self.cfg["federation"]["clients_per_round"] or len(available)
+        k = self.settings.federation.clients_per_round or len(available)
         if k >= len(available):
             return available
         return sorted(self.sampler.sample(available, k))
@@ -386,8 +386,7 @@ class RoundLoop(Strategy):
     def discover(self, grid: Grid, timeout: float) -> dict[int, int]:
         """Ask every node for its partition id (a QUERY round); wait for enough nodes. Nodes
         that report training on their own folder go to ``own_data``."""
-        fed = self.cfg["federation"]
-        wanted = fed["min_clients"] or self.cfg["split"]["num_clients"]
+        wanted = self.settings.federation.min_clients or self.settings.split.num_clients
         deadline = time.monotonic() + timeout
         while len(list(grid.get_node_ids())) < wanted:
             if time.monotonic() > deadline:
@@ -451,7 +450,7 @@ class RoundLoop(Strategy):
             self.update_payloads(0)
         self.timeline["first_round"] = time.time()
         result = Result()
-        limit = self.cfg["federation"]["max_failed_rounds"]
+        limit = self.settings.federation.max_failed_rounds
         for rnd in range(self.first_round, num_rounds + 1):
             started = time.perf_counter()
             stats = RoundStats()
@@ -499,7 +498,7 @@ class RoundLoop(Strategy):
         started = time.perf_counter()
         state = self.state(rnd)
         save_checkpoint(state, self.checkpoint_path)
-        every = self.cfg["federation"]["checkpoint_every"]
+        every = self.settings.federation.checkpoint_every
         if every and rnd % every == 0:
             save_checkpoint(state, kept_checkpoint(self.checkpoint_path, rnd))
         log.info("round %d: checkpoint written in %.3fs", rnd, time.perf_counter() - started)
@@ -557,7 +556,7 @@ class RoundLoop(Strategy):
         """The aggregator's new global model, loaded; the metrics it and its models give."""
         assert self.parts.aggregator is not None
         arrays, out = self.parts.aggregator.aggregate(rnd, updates)
-        if self.cfg["eval"]["local_models"]:
+        if self.settings.eval.local_models:
             out["local_accuracy"] = self.local_accuracy(updates)
         self.server.load(arrays)
         trainer = self.parts.trainer
@@ -569,7 +568,7 @@ class RoundLoop(Strategy):
 
     def tested(self, rnd: int) -> bool:
         """Whether round ``rnd`` evaluates on the test set (eval.every, and the last round)."""
-        return rnd % self.cfg["eval"]["every"] == 0 or rnd == self.cfg["rounds"]
+        return rnd % self.settings.eval.every == 0 or rnd == self.settings.rounds
 
     def sent(self, messages: list[Message]) -> set[int]:
         return {self.partition_of(m.metadata.dst_node_id) for m in messages}
@@ -632,17 +631,14 @@ class ServerHalf:
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        """Method-specific defaults merged over tasks.config.DEFAULTS (algo keys included)."""
+        """The method's own values of shared keys, merged over their declared defaults
+        (its ``algo`` keys are declared in its settings class, ssfl.registry)."""
         return {}
 
     @classmethod
-    def rules(cls) -> dict[str, Range]:
-        """The range of each numeric key ``defaults`` adds (beside tasks.config.RULES)."""
-        return {}
-
-    @classmethod
-    def check_config(cls, cfg: dict[str, Any]) -> None:
-        """Raise ConfigError for method-specific values that make no sense."""
+    def check_config(cls, settings: Settings) -> None:
+        """Raise ConfigError for method-specific values that make no sense together (each
+        value's own range and choices are checked from its declaration)."""
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:

@@ -29,6 +29,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from torch import nn
 
+from ssfl.registry import settings_of
 from tasks.aggregate import (
     assign_groups,
     average_with_server,
@@ -41,6 +42,7 @@ from tasks.data import Dataset
 from tasks.models import classifier_keys, model_for
 from tasks.partition import Split
 from tasks.protocols import ProtocolSettings, finetune_accuracy, linear_accuracy
+from tasks.settings import Settings
 from tasks.train import (
     LossFn,
     autocast,
@@ -62,9 +64,11 @@ Metrics = dict[str, Any]
 
 @dataclass
 class ServerSide:
-    """What the server holds: config, data on the device, and the global model."""
+    """What the server holds: config (``cfg`` as recorded, ``settings`` typed), data on the
+    device, and the global model."""
 
     cfg: dict[str, Any]
+    settings: Settings
     dataset: Dataset
     split: Split
     device: torch.device
@@ -80,11 +84,13 @@ class ServerSide:
     def build(
         cls, cfg: dict[str, Any], dataset: Dataset, split: Split, device: torch.device
     ) -> ServerSide:
-        with seeded(derive_seed(cfg["seed"], "init")):
-            model = model_for(cfg["model"], dataset).to(device)
+        settings = settings_of(cfg)
+        with seeded(derive_seed(settings.seed, "init")):
+            model = model_for(settings.model, dataset).to(device)
         train_x, train_y = dataset.train_x, dataset.train_y
         return cls(
             cfg=cfg,
+            settings=settings,
             dataset=dataset,
             split=split,
             device=device,
@@ -106,9 +112,7 @@ class ServerSide:
     def weak_augment(self) -> WeakAugment:
         """The weak view of the server's labeled batches (flip + shift)."""
         ds = self.dataset
-        return WeakAugment(ds.image_size, ds.flip, self.cfg["augment"]["weak_shift"]).to(
-            self.device
-        )
+        return WeakAugment(ds.image_size, ds.flip, self.settings.augment.weak_shift).to(self.device)
 
 
 # ----- Records -------------------------------------------------------------------------
@@ -200,11 +204,11 @@ class TestAccuracy:
 
     def __init__(self, server: ServerSide):
         self.x, self.y = server.test_x, server.test_y
-        self.batch_size = server.cfg["eval"]["batch_size"]
-        self.cfg, self.device = server.cfg, server.device
+        self.batch_size = server.settings.eval.batch_size
+        self.amp, self.device = server.settings.train.amp, server.device
 
     def evaluate(self, model: nn.Module) -> Metrics:
-        with autocast(self.cfg, self.device):
+        with autocast(self.amp, self.device):
             acc, loss = evaluate(model, self.x, self.y, self.batch_size)
         return {"test_accuracy": acc, "test_loss": loss}
 
@@ -216,15 +220,15 @@ class Protocols:
 
     def __init__(self, server: ServerSide):
         self.server = server
-        ecfg, scfg = server.cfg["eval"], server.cfg["server"]
-        self.every = ecfg["protocol_every"]
+        ev, sv = server.settings.eval, server.settings.server
+        self.every = ev.protocol_every
         common = {
-            "batch_size": scfg["batch_size"],
-            "momentum": scfg["momentum"],
-            "schedule": ecfg["protocol_schedule"],
+            "batch_size": sv.batch_size,
+            "momentum": sv.momentum,
+            "schedule": ev.protocol_schedule,
         }
-        self.finetune = ProtocolSettings(ecfg["finetune_epochs"], ecfg["finetune_lr"], **common)
-        self.linear = ProtocolSettings(ecfg["linear_epochs"], ecfg["linear_lr"], **common)
+        self.finetune = ProtocolSettings(ev.finetune_epochs, ev.finetune_lr, **common)
+        self.linear = ProtocolSettings(ev.linear_epochs, ev.linear_lr, **common)
 
     def due(self, server_round: int, last_round: int) -> bool:
         return self.every > 0 and (server_round % self.every == 0 or server_round == last_round)
@@ -232,8 +236,8 @@ class Protocols:
     def evaluate(self, model: nn.Module, server_round: int) -> Metrics:
         s = self.server
         data = (s.labeled_x, s.labeled_y, s.test_x, s.test_y)
-        seed = derive_seed(s.cfg["seed"], "protocols", server_round)
-        batch = s.cfg["eval"]["batch_size"]
+        seed = derive_seed(s.settings.seed, "protocols", server_round)
+        batch = s.settings.eval.batch_size
         return {
             "finetune_accuracy": finetune_accuracy(
                 model, *data, self.finetune, seed, s.weak_augment(), batch
@@ -276,8 +280,8 @@ class SupervisedTrainer:
     def __init__(self, server: ServerSide, beside_clients: bool = False):
         self.server = server
         self.model = server.model  # what the server trains (FedSup: its own network)
-        self.cfg = server.cfg
-        self.scfg = server.cfg["server"]
+        self.settings = server.settings
+        self.half = server.settings.server
         self.beside_clients = beside_clients
         self.weak = server.weak_augment()
         self.kept_optimizer: torch.optim.Optimizer | None = None
@@ -285,22 +289,21 @@ class SupervisedTrainer:
     def trains(self) -> bool:
         """Whether a round changes the model (labeled data and E_s or T > 0)."""
         return len(self.server.labeled_x) > 0 and (
-            self.scfg["epochs"] > 0 or self.scfg["local_steps"] > 0
+            self.half.epochs > 0 or self.half.local_steps > 0
         )
 
     def bootstrap(self) -> None:
         """Counted in epochs even when rounds count T steps (server.local_steps)."""
-        if self.scfg["bootstrap_epochs"]:
-            self.fit(0, self.scfg["bootstrap_epochs"])
+        if self.half.bootstrap_epochs:
+            self.fit(0, self.half.bootstrap_epochs)
 
     def train(self, server_round: int) -> Metrics:
-        return self.fit(server_round, self.scfg["epochs"])
+        return self.fit(server_round, self.half.epochs)
 
     def lr(self, server_round: int, step: int = 0, round_steps: int = 0) -> float:
-        """The rate at ``step`` of a round (cfg ``lr_schedule``; SSFL eq. 9 when cosine)."""
-        return scheduled_lr(
-            self.scfg, self.cfg["lr_schedule"], self.cfg["rounds"], server_round, step, round_steps
-        )
+        """The rate at ``step`` of a round (``lr_schedule``; SSFL eq. 9 when cosine)."""
+        s = self.settings
+        return scheduled_lr(s.server, s.lr_schedule, s.rounds, server_round, step, round_steps)
 
     def parameters(self) -> Iterable[nn.Parameter]:
         """What the server's SGD updates."""
@@ -314,15 +317,11 @@ class SupervisedTrainer:
         """A fresh SGD a round, or with server.keep_momentum one for the whole run."""
         if self.kept_optimizer is not None:
             return self.kept_optimizer
-        s = self.scfg
+        s = self.half
         opt = make_sgd(
-            self.parameters(),
-            self.lr(server_round),
-            s["momentum"],
-            s["weight_decay"],
-            s["nesterov"],
+            self.parameters(), self.lr(server_round), s.momentum, s.weight_decay, s.nesterov
         )
-        if s["keep_momentum"]:
+        if s.keep_momentum:
             self.kept_optimizer = opt
         return opt
 
@@ -345,21 +344,21 @@ class SupervisedTrainer:
     def fit(self, server_round: int, epochs: int) -> Metrics:
         """``epochs`` epochs on the labeled set, or T steps from round 1 on."""
         n = len(self.server.labeled_x)
-        steps = self.scfg["local_steps"] if server_round > 0 else 0
-        round_steps = steps_per_round(n, self.scfg["batch_size"], epochs, steps)
+        steps = self.half.local_steps if server_round > 0 else 0
+        round_steps = steps_per_round(n, self.half.batch_size, epochs, steps)
         if n == 0 or round_steps == 0:
             return {}
         opt = self.optimizer(server_round)
         loss_fn, loss_metrics = self.loss(server_round)
-        seed = derive_seed(self.cfg["seed"], "server", server_round)
-        with seeded(seed) as gen, autocast(self.cfg, self.server.device):
+        seed = derive_seed(self.settings.seed, "server", server_round)
+        with seeded(seed) as gen, autocast(self.settings.train.amp, self.server.device):
             out = supervised_epochs(
                 self.model,
                 self.server.labeled_x,
                 self.server.labeled_y,
                 epochs=epochs,
                 optimizer=opt,
-                batch_size=self.scfg["batch_size"],
+                batch_size=self.half.batch_size,
                 generator=gen,
                 augment=self.weak,
                 local_steps=steps,
@@ -488,7 +487,7 @@ class GroupedAverage(AverageWithServer):
     def combine(
         self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
     ) -> tuple[dict[str, np.ndarray], Metrics]:
-        seed = derive_seed(self.server.cfg["seed"], "groups", server_round)
+        seed = derive_seed(self.server.settings.seed, "groups", server_round)
         groups = assign_groups(sorted(users), self.num_groups, np.random.default_rng(seed))
         per_group, overall = group_average(server, users, groups, self.server_weight)
         self.group_models = {}

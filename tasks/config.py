@@ -1,11 +1,11 @@
-"""Experiment configuration: defaults, YAML loading, overrides and validation.
+"""Experiment configuration: YAML loading, overrides and validation.
 
-An experiment is a nested mapping. Every key has a default below (or in the
-method's own ``algo`` defaults); the type of the default is the type a value
-must have, and every numeric key has a range its meaning allows (:data:`RULES`, and
-each method's ``rules`` beside its defaults). Unknown keys, values of the wrong type,
-NaN and infinities, and values outside their range raise :class:`ConfigError` with one
-line naming the key and what is allowed, before any training starts.
+An experiment is a nested mapping. Every key is declared once in tasks.settings (a
+method's ``algo`` keys in its own settings class): the type of its default is the type a
+value must have, and every numeric key has a range its meaning allows. Unknown keys,
+values of the wrong type, NaN and infinities, and values outside their range raise
+:class:`ConfigError` with one line naming the key and what is allowed, before any
+training starts.
 """
 
 from __future__ import annotations
@@ -15,258 +15,23 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tasks.settings import Range, Settings, choices_of, defaults_of, rules_of, show
 
 
 class ConfigError(ValueError):
     """A bad experiment: unknown key, wrong type or a value outside the allowed set."""
 
 
-DEFAULTS: dict[str, Any] = {
-    "method": "server_sl",
-    "name": "",
-    "seed": 0,
-    "rounds": 50,
-    "device": "auto",
-    "dataset": {
-        "name": "fashion_mnist",
-        # Folder holding the dataset files; "" = $SSFL_DATA_DIR, else ./data.
-        "root": "",
-        "download": True,
-        # Size of each generated split of the synthetic dataset.
-        "synthetic_train_size": 4000,
-        "synthetic_test_size": 1000,
-    },
-    "split": {
-        "scenario": "labels_at_server",
-        "labeled_per_class": 50,
-        "val_size": 200,
-        "test_size": 3000,
-        "num_clients": 10,
-        # 0 = all training images left after the server's and validation sets, split
-        # among the clients (SSFL benchmark App. A.2 for the iid and noniid_r partitioners).
-        "client_size": 1200,
-        "partitioner": "iid",
-        "dirichlet_alpha": 0.5,
-        "target_r": 0.4,
-        "client_labeled_per_class": 0,
-        # Streaming (FedMatch 6.1): 0 = off; else each client's unlabeled data is cut into
-        # stream_steps chunks and round r trains on chunk (r - 1) // stream_rounds_per_step.
-        "stream_steps": 0,
-        "stream_rounds_per_step": 10,
-    },
-    # dropout: Dropout2d after small_cnn's conv blocks (the SSFL benchmark's EMNIST CNN: 0.25).
-    "model": {
-        "name": "small_cnn",
-        "norm": "bn",
-        "dropout": 0.0,
-        "head_size": 0,
-        # SSL heads on the embedding (SimCLR, SimSiam, BYOL, FedSup); 0 = none.
-        "projector_dim": 0,
-        "predictor_dim": 0,
-        # Weights (and so the conv inputs) in channels-last memory layout (ours; a GPU speed
-        # option, off by default).
-        "channels_last": False,
-    },
-    # amp "bf16": client training, server training and evaluation under bf16 autocast
-    # (ours; a GPU speed option, off by default, "off" = float32 throughout).
-    "train": {"amp": "off"},
-    "server": {
-        "bootstrap_epochs": 0,
-        "epochs": 0,
-        "lr": 0.01,
-        "lr_decay": 1.0,
-        "momentum": 0.9,
-        "weight_decay": 0.0,
-        "batch_size": 32,
-        "nesterov": False,
-        # T of the SSFL benchmark: SGD steps per round; 0 = count in epochs instead.
-        "local_steps": 0,
-        # Keep the SGD momentum buffers from round to round (the SSFL benchmark's code).
-        "keep_momentum": False,
-    },
-    "client": {
-        "epochs": 1,
-        "lr": 0.01,
-        "lr_decay": 1.0,
-        "momentum": 0.9,
-        "weight_decay": 0.0,
-        "batch_size": 32,
-        "proximal_mu": 0.0,
-        "nesterov": False,
-        "local_steps": 0,
-        "keep_momentum": False,
-    },
-    # Learning rate of both halves: "exponential" = lr * lr_decay^(round - 1); "cosine" =
-    # SSFL benchmark eq. 9 per SGD step, one epoch = epoch_samples / batch_size steps,
-    # epochs 0 = the whole run (rounds x steps per round).
-    "lr_schedule": {
-        "name": "exponential",
-        "epochs": 0.0,
-        "warmup_epochs": 0.0,
-        "epoch_samples": 65536,
-        "cycles": 0.4375,
-        "floor": 0.0001,
-    },
-    # clients_per_round 0 = all; min_clients 0 = wait for all split.num_clients nodes;
-    # max_failed_rounds rounds in a row without an accepted client update stop the run;
-    # checkpoint_every N > 0 also keeps every Nth round's checkpoint (checkpoint-rNNN.pt).
-    "federation": {
-        "clients_per_round": 0,
-        "min_clients": 0,
-        "timeout_s": 3600.0,
-        "max_failed_rounds": 3,
-        "checkpoint_every": 0,
-    },
-    # num_gpus: each client actor's share of a GPU; -1 = auto (ssfl.gpu: 0 on device cpu or
-    # without a GPU, else the GPUs divided among a round's clients, at most 1 each).
-    "simulation": {"num_cpus": 1, "num_gpus": -1.0},
-    # local_models: also record local_accuracy, the clients' trained models' mean test
-    # accuracy each round (FedMatch Table 2's metric).
-    "eval": {
-        # Test-set evaluation every this-th round and at the last (the aggregate's too).
-        "every": 1,
-        "batch_size": 500,
-        "local_models": False,
-        # FedSup 5.1.2's protocols on the global model: a fresh linear head finetuned end
-        # to end, and a linear probe on the frozen encoder, both on the server's labels;
-        # every protocol_every rounds and at the last round (0 = off). Epochs and rates: ours.
-        "protocol_every": 0,
-        "finetune_epochs": 5,
-        "finetune_lr": 0.01,
-        "linear_epochs": 50,
-        "linear_lr": 0.1,
-        # cosine: both protocols anneal their rate to 0 (ours: the model they end on is
-        # settled, not one step of a noisy constant-rate walk); constant.
-        "protocol_schedule": "cosine",
-    },
-    # Weak view: flip + shift by up to this fraction of the side (FixMatch: 0.125).
-    "augment": {"weak_shift": 0.125},
-    "algo": {},
-}
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "device": ("auto", "cpu", "cuda"),
-    "split.scenario": ("labels_at_server", "labels_at_client", "open_world"),
-    "split.partitioner": ("iid", "dirichlet", "random_classes", "fedmatch_imbalanced", "noniid_r"),
-    "model.norm": ("none", "bn", "gn"),
-    "lr_schedule.name": ("exponential", "cosine"),
-    "eval.protocol_schedule": ("cosine", "constant"),
-    "train.amp": ("off", "bf16"),
-}
-
-
-@dataclass(frozen=True)
-class Range:
-    """The interval a numeric key's value must lie in; None = unbounded on that side."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def holds(self, value: float) -> bool:
-        """Whether ``value`` lies in the interval (NaN never does)."""
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below and not math.isnan(value)
-
-    def __str__(self) -> str:
-        """'> 0', '>= 1', 'in [0, 1)', 'in [1, 100000]'."""
-        if self.high is None:
-            return f"{'>' if self.low_open else '>='} {show(self.low)}"
-        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"in {left}{show(self.low)}, {show(self.high)}{right}"
-
-
-def show(value: Any) -> str:
-    """A number as a user types it: 1 not 1.0, 1e+12 not 1000000000000.0."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def between(low: float, high: float, high_open: bool = False) -> Range:
-    """[low, high] (or [low, high))."""
-    return Range(low, high, high_open=high_open)
-
-
-POSITIVE = Range(0, low_open=True)  # rates, temperatures, timeouts
-NON_NEGATIVE = Range(0)  # loss weights, decays, thresholds on magnitudes
-UNIT = between(0, 1)  # probabilities, thresholds, fractions
-MOMENTUM = between(0, 1, high_open=True)
-
-# Upper bounds on counts, far above any real run, so that a typo (an extra digit or
-# three) is refused at once instead of hanging a run or exhausting memory.
-MAX_ROUNDS = 100_000
-MAX_EPOCHS = 10_000  # per round, the bootstrap, the evaluation protocols
-MAX_STEPS = 1_000_000  # SGD steps per round
-MAX_BATCH = 1_000_000
-MAX_CLIENTS = 100_000
-MAX_IMAGES = 1_000_000  # a generated split; real splits are bounded by the dataset
-MAX_WIDTH = 16_384  # a head's or an SSL projector's width (BYOL: 4096)
-MAX_CPUS = 1_024
-MAX_SEED = 2**32 - 1  # numpy's seed range
-
+DEFAULTS: dict[str, Any] = defaults_of(Settings)
+CHOICES: dict[str, tuple[str, ...]] = choices_of(Settings)
 # Every numeric key of DEFAULTS and the range its meaning allows (a method's own keys:
-# ServerHalf.rules beside its defaults). Every float must also be finite.
-RULES: dict[str, Range] = {
-    "seed": between(0, MAX_SEED),
-    "rounds": between(1, MAX_ROUNDS),
-    "dataset.synthetic_train_size": between(1, MAX_IMAGES),
-    "dataset.synthetic_test_size": between(1, MAX_IMAGES),
-    "split.labeled_per_class": between(0, MAX_IMAGES),
-    "split.val_size": between(0, MAX_IMAGES),
-    "split.test_size": between(0, MAX_IMAGES),
-    "split.num_clients": between(1, MAX_CLIENTS),
-    "split.client_size": between(0, MAX_IMAGES),
-    "split.dirichlet_alpha": POSITIVE,
-    "split.target_r": UNIT,
-    "split.client_labeled_per_class": between(0, MAX_IMAGES),
-    "split.stream_steps": between(0, MAX_IMAGES),
-    "split.stream_rounds_per_step": between(1, MAX_ROUNDS),
-    "model.dropout": between(0, 1, high_open=True),
-    "model.head_size": between(0, MAX_WIDTH),
-    "model.projector_dim": between(0, MAX_WIDTH),
-    "model.predictor_dim": between(0, MAX_WIDTH),
-    **{
-        f"{half}.{key}": rule
-        for half in ("server", "client")
-        for key, rule in {
-            "epochs": between(0, MAX_EPOCHS),
-            "lr": POSITIVE,
-            "lr_decay": Range(0, 1, low_open=True),
-            "momentum": MOMENTUM,
-            "weight_decay": NON_NEGATIVE,
-            "batch_size": between(1, MAX_BATCH),
-            "local_steps": between(0, MAX_STEPS),
-        }.items()
-    },
-    "server.bootstrap_epochs": between(0, MAX_EPOCHS),
-    "client.proximal_mu": NON_NEGATIVE,
-    "lr_schedule.epochs": between(0, MAX_EPOCHS * MAX_ROUNDS),
-    "lr_schedule.warmup_epochs": between(0, MAX_EPOCHS * MAX_ROUNDS),
-    "lr_schedule.epoch_samples": between(1, MAX_IMAGES * MAX_EPOCHS),
-    "lr_schedule.cycles": NON_NEGATIVE,
-    "lr_schedule.floor": UNIT,
-    "federation.clients_per_round": between(0, MAX_CLIENTS),
-    "federation.min_clients": between(0, MAX_CLIENTS),
-    "federation.timeout_s": POSITIVE,
-    "federation.max_failed_rounds": between(1, MAX_ROUNDS),
-    "federation.checkpoint_every": between(0, MAX_ROUNDS),
-    "simulation.num_cpus": between(1, MAX_CPUS),
-    "simulation.num_gpus": between(-1, 1),
-    "eval.batch_size": between(1, MAX_BATCH),
-    "eval.every": between(1, MAX_ROUNDS),
-    "eval.protocol_every": between(0, MAX_ROUNDS),
-    "eval.finetune_epochs": between(1, MAX_EPOCHS),
-    "eval.finetune_lr": POSITIVE,
-    "eval.linear_epochs": between(1, MAX_EPOCHS),
-    "eval.linear_lr": POSITIVE,
-    "augment.weak_shift": between(0, 0.5),
-}
+# its algo class's declarations). Every float must also be finite.
+RULES: dict[str, Range] = rules_of(Settings)
 
 
 def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -474,8 +239,19 @@ def _check_round_length(half: str, hcfg: Mapping[str, Any], schedule: str) -> No
         )
 
 
+OPEN_WORLD_KEYS = ("class_roles", "labeled_fraction", "role_clients", "samples_per_class")
+
+
 def _check_scenario(split: Mapping[str, Any]) -> None:
-    """split.scenario and split.client_labeled_per_class state one fact: they must agree."""
+    """split.scenario and split.client_labeled_per_class state one fact: they must agree;
+    the open-world keys mean something only in the open_world scenario."""
+    if split["scenario"] != "open_world":
+        for key in OPEN_WORLD_KEYS:
+            if split[key] != DEFAULTS["split"][key]:
+                raise ConfigError(
+                    f"config key 'split.{key}': an open_world key; split.scenario is "
+                    f"{split['scenario']} (leave it at {DEFAULTS['split'][key]!r})"
+                )
     at_client = split["scenario"] == "labels_at_client"
     if at_client != (split["client_labeled_per_class"] > 0):
         raise ConfigError(

@@ -25,6 +25,7 @@ from torch import nn
 from tasks.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tasks.data import DatasetInfo
 from tasks.models import model_for
+from tasks.settings import ModelSettings
 
 MODEL_FILE = "model.pt"
 FORMAT = 1
@@ -104,7 +105,7 @@ def rebuild(record: Mapping[str, Any]) -> nn.Module:
         tuple(record["std"]),
         flip=False,
     )
-    model = model_for(record["model"], image)
+    model = model_for(ModelSettings(**record["model"]), image)
     model[1].load_state_dict(record["state_dict"])
     return model.eval()
 

@@ -62,6 +62,9 @@ def uda_loss(
     return (per_sample * mask).mean(), mask
 
 
+TSA_SCHEDULES = ("exp", "linear", "log")
+
+
 def tsa_threshold(progress: float, schedule: str, num_classes: int) -> float:
     """UDA training-signal annealing eta_t = alpha_t (1 - 1/K) + 1/K for progress t/T in [0, 1]."""
     progress = min(max(progress, 0.0), 1.0)

@@ -11,15 +11,17 @@ reach these through the Normalize wrapper that :func:`build_model` adds.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from tasks.config import ConfigError
+from tasks.settings import ModelSettings
 
 
 class Normalize(nn.Module):
@@ -371,9 +373,9 @@ def classifier_keys(model: nn.Module) -> list[str]:
     return [f"{name}.{p}" for p, _ in head.named_parameters()]
 
 
-def without_ssl_heads(mcfg: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``model`` config section without the projector and predictor (FedSup's f_Server)."""
-    return {**mcfg, "projector_dim": 0, "predictor_dim": 0}
+def without_ssl_heads(model: ModelSettings) -> ModelSettings:
+    """A ``model`` section without the projector and predictor (FedSup's f_Server)."""
+    return dataclasses.replace(model, projector_dim=0, predictor_dim=0)
 
 
 def check_head_size(head_size: int, num_classes: int) -> None:
@@ -385,30 +387,29 @@ def check_head_size(head_size: int, num_classes: int) -> None:
         )
 
 
-def model_for(mcfg: Mapping[str, Any], data) -> nn.Sequential:
-    """The experiment's model (``model`` config section) for a dataset-like object.
+def model_for(settings: ModelSettings, data) -> nn.Sequential:
+    """The experiment's model (its ``model`` section) for a dataset-like object.
 
     ``data`` needs channels, num_classes, image_size, mean and std (a Dataset or ClientData);
-    ``model.head_size`` (0 or absent: the class count) sets the head's width;
-    ``model.projector_dim`` and ``model.predictor_dim`` (0: none) add the SSL heads;
-    ``model.channels_last`` lays the weights out channels-last.
+    ``head_size`` (0: the class count) sets the head's width; ``projector_dim`` and
+    ``predictor_dim`` (0: none) add the SSL heads; ``channels_last`` lays the weights out
+    channels-last.
     """
-    head_size = int(mcfg.get("head_size", 0))
-    check_head_size(head_size, data.num_classes)
+    check_head_size(settings.head_size, data.num_classes)
     model = build_model(
-        mcfg["name"],
+        settings.name,
         data.channels,
         data.num_classes,
         data.image_size,
-        mcfg["norm"],
+        settings.norm,
         data.mean,
         data.std,
-        float(mcfg["dropout"]),
-        head_size or None,
-        int(mcfg.get("projector_dim", 0)),
-        int(mcfg.get("predictor_dim", 0)),
+        settings.dropout,
+        settings.head_size or None,
+        settings.projector_dim,
+        settings.predictor_dim,
     )
-    if mcfg.get("channels_last", False):
+    if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
 

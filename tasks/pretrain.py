@@ -117,12 +117,12 @@ def cached_pretrain(
     return losses, False
 
 
-def settings_from(algo: Mapping[str, Any]) -> SimCLRSettings:
-    """The SimCLR stage an ``algo`` config section asks for (algo.pretrain_*)."""
+def settings_from(algo: Any) -> SimCLRSettings:
+    """The SimCLR stage a method's ``algo`` settings ask for (its ``pretrain_*`` keys)."""
     return SimCLRSettings(
-        epochs=int(algo["pretrain_epochs"]),
-        batch_size=int(algo["pretrain_batch_size"]),
-        lr=float(algo["pretrain_lr"]),
-        temperature=float(algo["pretrain_temperature"]),
-        projector_dim=int(algo["pretrain_projector_dim"]),
+        epochs=algo.pretrain_epochs,
+        batch_size=algo.pretrain_batch_size,
+        lr=algo.pretrain_lr,
+        temperature=algo.pretrain_temperature,
+        projector_dim=algo.pretrain_projector_dim,
     )

@@ -8,14 +8,14 @@ import functools
 import hashlib
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tasks.losses import proximal_term
+from tasks.settings import ClientSettings, LrScheduleSettings, ServerSettings
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -85,9 +85,9 @@ def seeded(seed: int) -> Iterator[torch.Generator]:
         yield torch.Generator().manual_seed(seed)
 
 
-def autocast(cfg: Mapping[str, Any], device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on ``device`` when ``train.amp`` is "bf16", else nothing."""
-    if cfg["train"]["amp"] == "bf16":
+def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when ``amp`` (``train.amp``) is "bf16", else nothing."""
+    if amp == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -143,8 +143,8 @@ def steps_per_round(n: int, batch_size: int, epochs: int, local_steps: int) -> i
 
 
 def scheduled_lr(
-    half: Mapping[str, Any],
-    schedule: Mapping[str, Any],
+    half: ServerSettings | ClientSettings,
+    schedule: LrScheduleSettings,
     rounds: int,
     rnd: int,
     step: int,
@@ -157,17 +157,17 @@ def scheduled_lr(
     ``epoch_samples`` / batch_size steps (M / B); ``epochs`` 0 = the whole run.
     Round 0 (the server's bootstrap) runs at the base rate.
     """
-    if schedule["name"] == "exponential" or rnd < 1:
-        return half["lr"] * half["lr_decay"] ** max(rnd - 1, 0)
-    epoch_steps = schedule["epoch_samples"] / half["batch_size"]
-    total = schedule["epochs"] * epoch_steps or rounds * round_steps
+    if schedule.name == "exponential" or rnd < 1:
+        return half.lr * half.lr_decay ** max(rnd - 1, 0)
+    epoch_steps = schedule.epoch_samples / half.batch_size
+    total = schedule.epochs * epoch_steps or rounds * round_steps
     return cosine_warmup_lr(
         (rnd - 1) * round_steps + step,
-        half["lr"],
+        half.lr,
         total,
-        schedule["warmup_epochs"] * epoch_steps,
-        schedule["cycles"],
-        schedule["floor"],
+        schedule.warmup_epochs * epoch_steps,
+        schedule.cycles,
+        schedule.floor,
     )
 
 

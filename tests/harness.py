@@ -100,7 +100,7 @@ def run_method(raw: Mapping[str, Any], grid: InProcessGrid) -> tuple[list[dict],
     """Run an experiment through ``grid``: (its rows, its strategy)."""
     rows: list[dict] = []
     strategy = build_strategy(raw, rows.append)
-    strategy.start(grid, num_rounds=strategy.cfg["rounds"])
+    strategy.start(grid, num_rounds=strategy.settings.rounds)
     return rows, strategy
 
 

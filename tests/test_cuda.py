@@ -24,6 +24,7 @@ from tasks.checkpoint import load_checkpoint
 from tasks.data import dataset_info
 from tasks.models import model_for
 from tasks.partition import get_split
+from tasks.settings import ModelSettings
 from tests.harness import InProcessGrid, tiny_raw
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -92,7 +93,9 @@ def test_a_resumed_gpu_run_is_within_the_tolerance_of_an_uninterrupted_one(name,
 @pytest.mark.slow
 def test_bf16_and_channels_last_reach_the_clients_model():
     cfg = resolve_config(cuda_raw("fedavg_fixmatch", rounds=1, speed=True))
-    net = model_for(cfg["model"], client_data(json.dumps(cfg, sort_keys=True), 0, CUDA)).to(CUDA)
+    net = model_for(
+        ModelSettings(**cfg["model"]), client_data(json.dumps(cfg, sort_keys=True), 0, CUDA)
+    ).to(CUDA)
     conv = next(p for p in net.parameters() if p.dim() == 4)
     assert conv.is_contiguous(memory_format=torch.channels_last)
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -109,7 +112,7 @@ def test_a_fixmatch_client_round_does_not_wait_for_the_gpu_every_step():
     counts and pseudo-label statistics stay on the device until the round ends."""
     steps = 16
     cfg = experiment("small_cnn", "synthetic28", 32, "off", steps, "cuda")
-    net = model_for(cfg["model"], dataset_info("synthetic28"))
+    net = model_for(ModelSettings(**cfg["model"]), dataset_info("synthetic28"))
     config = ConfigRecord({"ssfl-config": json.dumps(cfg, sort_keys=True), "round": 1, "lr": 0.01})
     content = RecordDict({"arrays": ArrayRecord(net.state_dict()), "config": config})
     FixMatchClient(content, RecordDict(), 0).run()  # data cached, kernels warm

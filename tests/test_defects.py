@@ -10,6 +10,7 @@ import torch
 from client_app.base import PARTITIONS_CACHED, ClientData, _client_data, parse_config, streamed
 from ssfl.experiment import resolve_config
 from tasks.config import ConfigError
+from tasks.settings import SplitSettings
 from tasks.train import make_sgd, seeded
 
 
@@ -72,7 +73,7 @@ def test_streaming_a_node_whose_images_have_no_labels():
         mean=(0.5,),
         std=(0.25,),
     )
-    split = {"stream_steps": 4, "stream_rounds_per_step": 1}
+    split = SplitSettings(stream_steps=4, stream_rounds_per_step=1)
     chunk = streamed(data, split, server_round=2)
     assert chunk.true_y is None and chunk.x.flatten().tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
+from ssfl import reference
 from ssfl.registry import METHODS
 from tasks.config import DEFAULTS, flatten
+from tasks.settings import keys_of
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
@@ -28,6 +30,26 @@ def test_every_method_is_in_the_readme_and_every_key_in_the_reference():
     assert all(f"`{name}`" in readme for name in METHODS)
     reference = (ROOT / "docs" / "reference.md").read_text()
     assert all(f"`{key}`" in reference for key in flatten(DEFAULTS) if key != "algo")
+
+
+def test_the_reference_tables_are_those_the_declarations_generate():
+    text = reference.DOC.read_text()
+    assert reference.rendered(text) == text, "stale: run python -m ssfl.reference"
+    assert reference.main(["--check"]) == 0
+
+
+def test_the_generated_tables_hold_every_key_with_its_help_and_a_stale_file_fails(
+    monkeypatch, tmp_path
+):
+    block = reference.block()
+    for name, spec in METHODS.items():
+        for key, f in keys_of(spec.settings_class(), "algo.").items():
+            assert f"| `{key}` |" in block and f.metadata["help"] in block, (name, key)
+    stale = tmp_path / "reference.md"
+    stale.write_text(reference.DOC.read_text().replace("| `rounds` | `50` |", "| `rounds` | `5` |"))
+    monkeypatch.setattr(reference, "DOC", stale)
+    assert reference.main(["--check"]) == 1
+    assert reference.main([]) == 0 and reference.main(["--check"]) == 0
 
 
 def test_the_default_experiment_is_the_same_everywhere():

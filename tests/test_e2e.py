@@ -17,6 +17,7 @@ from ssfl.runner import APP_PACKAGES, stage_app
 from tasks.config import deep_merge
 from tasks.data import dataset_info
 from tasks.models import model_for, without_ssl_heads
+from tasks.settings import ModelSettings
 from tests.conftest import ROOT
 from tests.harness import alive, descendants, processes, ssfl_run
 
@@ -55,7 +56,7 @@ OPEN_WORLD = {
 }
 
 
-def state_bytes(mcfg: dict) -> int:
+def state_bytes(mcfg: ModelSettings) -> int:
     """Bytes of a synthetic28 model's state dict."""
     model = model_for(mcfg, dataset_info("synthetic28"))
     return sum(v.numel() * v.element_size() for v in model.state_dict().values())
@@ -107,7 +108,7 @@ def test_two_rounds_of_every_method_on_synthetic_data(method, tmp_path, syntheti
         if method == "fedseal":
             assert 0 < extra < 3 * 1000  # tau: 10 float32 per client, plus array headers
         elif method == "fedsup":  # f_Server travels down beside the online network
-            teacher = 3 * state_bytes(without_ssl_heads(res["config"]["model"]))
+            teacher = 3 * state_bytes(without_ssl_heads(ModelSettings(**res["config"]["model"])))
             assert teacher <= extra <= teacher + 3 * 5000  # + array headers
             for protocol in ("finetune", "linear"):
                 assert res[f"final_{protocol}_accuracy"] == last[f"{protocol}_accuracy"]

@@ -17,6 +17,7 @@ from tasks.decompose import Decomposed
 from tasks.export import MODEL_FILE, load_model, plain_state, read_model_file, save_model
 from tasks.models import model_for
 from tasks.partition import get_split
+from tasks.settings import ModelSettings
 from tests.conftest import ROOT
 
 
@@ -55,7 +56,7 @@ def test_model_file_has_plain_names_and_what_rebuilds_it(tiny_run):
 def test_fedmatch_decomposed_model_is_kept_as_theta(tmp_path, synthetic_raw):
     cfg = resolve_config({**synthetic_raw, "method": "fedmatch"})
     data, _ = get_split(cfg)
-    net = model_for(cfg["model"], data)
+    net = model_for(ModelSettings(**cfg["model"]), data)
     wrapped = Decomposed(net, psi_factor=0.2)
     state = plain_state(wrapped)
     theta = wrapped.theta()

@@ -103,7 +103,7 @@ def test_clients_report_their_device_and_the_server_its_own(tmp_path):
     assert strategy.devices["server"] == "cpu"
     assert set(strategy.devices["clients"]) == {"0", "1"}  # 2 of 3 clients a round
     assert set(strategy.devices["clients"].values()) == {"cpu"}
-    recorder = Recorder(tmp_path, strategy.cfg, {})
+    recorder = Recorder(tmp_path, strategy.server.cfg, {})
     recorder.devices = strategy.devices
     recorder.finish()
     assert json.loads((tmp_path / "results.json").read_text())["devices"] == strategy.devices

@@ -20,8 +20,9 @@ import torch
 
 from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS
-from tasks.config import RULES, ConfigError, Range, deep_merge, flatten
+from tasks.config import RULES, ConfigError, deep_merge, flatten
 from tasks.partition import get_split
+from tasks.settings import Range, keys_of, rules_of
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid, everyday_sample, run_cli, run_method
 
@@ -106,8 +107,9 @@ def numeric_keys(name: str) -> list[str]:
 
 def own_keys(name: str) -> set[str]:
     """Numeric keys the method sets itself: its defaults and its rules."""
-    server = METHODS[name].server_half()
-    return set(flatten(server.defaults())) | set(server.rules())
+    spec = METHODS[name]
+    algo = spec.settings_class()
+    return set(flatten(spec.server_half().defaults())) | set(keys_of(algo, "algo."))
 
 
 def read_keys(name: str) -> set[str]:
@@ -145,7 +147,7 @@ def refusal(raw: dict[str, Any]) -> str | None:
 
 
 def rule_of(name: str, key: str) -> Range | None:
-    return RULES.get(key) or METHODS[name].server_half().rules().get(key)
+    return RULES.get(key) or rules_of(METHODS[name].settings_class(), "algo.").get(key)
 
 
 def must_refuse(name: str, key: str, probe: Any) -> bool:

@@ -17,6 +17,7 @@ from tasks.models import (
     model_for,
     num_blocks,
 )
+from tasks.settings import ModelSettings
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -184,13 +185,12 @@ def test_head_size_sets_the_logit_width(name):
 
 def test_model_for_reads_head_size_with_zero_as_the_class_count_and_refuses_fewer():
     data = SimpleNamespace(channels=1, num_classes=10, image_size=28, mean=(0.5,), std=(0.25,))
-    mcfg = {"name": "small_cnn", "norm": "bn", "dropout": 0.0}
     x = torch.rand(2, 1, 28, 28)
-    assert model_for(mcfg, data)(x).shape == (2, 10)
-    assert model_for({**mcfg, "head_size": 0}, data)(x).shape == (2, 10)
-    assert model_for({**mcfg, "head_size": 13}, data)(x).shape == (2, 13)
+    assert model_for(ModelSettings(), data)(x).shape == (2, 10)
+    assert model_for(ModelSettings(head_size=0), data)(x).shape == (2, 10)
+    assert model_for(ModelSettings(head_size=13), data)(x).shape == (2, 13)
     with pytest.raises(ConfigError, match=r"model\.head_size"):
-        model_for({**mcfg, "head_size": 7}, data)
+        model_for(ModelSettings(head_size=7), data)
 
 
 @pytest.mark.parametrize("norm, keys", [("bn", SMALL_CNN_BN_KEYS), ("none", SMALL_CNN_NONE_KEYS)])

@@ -5,6 +5,7 @@ layout alone leaves the numbers as they are."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import platform
 import subprocess
@@ -17,6 +18,7 @@ from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS
 from tasks.config import DEFAULTS, ConfigError
 from tasks.models import model_for
+from tasks.settings import ModelSettings
 from tasks.train import autocast
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid, run_method, tiny_raw
@@ -35,7 +37,7 @@ def test_both_options_are_off_by_default():
     assert DEFAULTS["train"]["amp"] == "off"
     assert DEFAULTS["model"]["channels_last"] is False
     cfg = resolve_config(tiny_raw("fedavg_fixmatch"))
-    assert isinstance(autocast(cfg, torch.device("cpu")), contextlib.nullcontext)
+    assert isinstance(autocast(cfg["train"]["amp"], torch.device("cpu")), contextlib.nullcontext)
 
 
 def test_an_unknown_precision_is_refused():
@@ -44,12 +46,12 @@ def test_an_unknown_precision_is_refused():
 
 
 def test_channels_last_lays_out_the_conv_weights_and_keeps_the_outputs():
-    mcfg = resolve_config(tiny_raw("fedavg_fixmatch"))["model"]
+    mcfg = ModelSettings(**resolve_config(tiny_raw("fedavg_fixmatch"))["model"])
     data = type("D", (), dict(channels=1, num_classes=10, image_size=28, mean=(0.5,), std=(0.5,)))
     torch.manual_seed(0)
     plain = model_for(mcfg, data).eval()
     torch.manual_seed(0)
-    laid = model_for({**mcfg, "channels_last": True}, data).eval()
+    laid = model_for(dataclasses.replace(mcfg, channels_last=True), data).eval()
     convs = [p for p in laid.parameters() if p.dim() == 4]
     assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
     x = torch.rand(8, 1, 28, 28)

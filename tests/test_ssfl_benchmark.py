@@ -3,6 +3,7 @@ T counted in steps, the grouping, the R partitioner on the real Fashion-MNIST sp
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -20,6 +21,7 @@ from tasks.config import ConfigError
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.models import build_model, classifier_keys
 from tasks.partition import get_split, remaining_class_counts
+from tasks.settings import ClientSettings, LrScheduleSettings
 from tasks.train import cosine_warmup_lr, scheduled_lr, step_batches
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid, build_strategy, run_method
@@ -116,16 +118,15 @@ def test_cosine_warmup_lr_eq9():
 
 
 def test_scheduled_lr_counts_global_steps():
-    half = {"lr": 0.1, "lr_decay": 0.5, "batch_size": 64}
-    sched = {"name": "exponential"}
+    half = ClientSettings(lr=0.1, lr_decay=0.5, batch_size=64)
+    sched = LrScheduleSettings(name="exponential")
     assert scheduled_lr(half, sched, 10, 3, 5, 16) == pytest.approx(0.025)
-    sched = {"name": "cosine", "epochs": 0.0, "warmup_epochs": 0.0, "epoch_samples": 65536}
-    sched.update(cycles=1.0, floor=0.0)
+    sched = LrScheduleSettings("cosine", 0.0, 0.0, 65536, cycles=1.0, floor=0.0)
     # 10 rounds of 16 steps: round 6, step 0 is t = 80 of 160 -> cos(pi / 2) = 0
     assert scheduled_lr(half, sched, 10, 6, 0, 16) == pytest.approx(0.0, abs=1e-12)
     assert scheduled_lr(half, sched, 10, 3, 8, 16) == pytest.approx(0.1 * math.cos(math.pi * 0.25))
     # E = 2 epochs of M / B = 65536 / 64 = 1024 steps: t = 1024 is half way
-    sched["epochs"] = 2.0
+    sched = dataclasses.replace(sched, epochs=2.0)
     assert scheduled_lr(half, sched, 1000, 65, 0, 16) == pytest.approx(0.0, abs=1e-12)
     assert scheduled_lr(half, sched, 1000, 0, 3, 16) == 0.1  # round 0: the bootstrap
 

@@ -325,11 +325,12 @@ def gone_within(tempdir: Path, seconds: float) -> bool:
     return False
 
 
-def finish(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> dict:
+def finish(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> tuple[dict, str]:
+    """The results of a command run to its end, and its standard error."""
     proc = start_cli(command, exp, out, tempdir, *args)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    return json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text()), err
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +343,7 @@ def straight(tmp_path_factory) -> list[dict]:
     (folder / "exp.yaml").write_text(yaml.safe_dump(raw))
     runs_tmp = Path(tempfile.mkdtemp(prefix="stop-", dir="/tmp"))
     try:
-        results = finish("run", folder / "exp.yaml", folder / "out", runs_tmp)
+        results, _ = finish("run", folder / "exp.yaml", folder / "out", runs_tmp)
     finally:
         shutil.rmtree(runs_tmp, ignore_errors=True)
     return without_seconds(results["rounds"])
@@ -369,9 +370,9 @@ def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_number
     )
     assert gone_within(short_tmp, 1)
     assert without_seconds(results["rounds"]) == straight[:done]
-    resumed = finish("run", exp, out, short_tmp, "--resume")
+    resumed, err = finish("run", exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
-    assert without_seconds(resumed["rounds"]) == straight
+    assert without_seconds(resumed["rounds"]) == straight, err
 
 
 @pytest.mark.e2e
@@ -392,6 +393,6 @@ def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
         os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert gone_within(short_tmp, 10)
-    resumed = finish(command, exp, out, short_tmp, "--resume")
+    resumed, err = finish(command, exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
-    assert without_seconds(resumed["rounds"]) == straight
+    assert without_seconds(resumed["rounds"]) == straight, err

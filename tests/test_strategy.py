@@ -189,9 +189,9 @@ def test_local_accuracy_is_recorded_only_when_asked(synthetic_raw):
     }
     grid = InProcessGrid(3)
     rows, strategy = run_method({**synthetic_raw, **trained, "eval": {"local_models": True}}, grid)
-    cfg, server = strategy.cfg, strategy.server
+    server = strategy.server
     # The last round's three replies, each evaluated on its own: their mean is recorded.
-    model = model_for(cfg["model"], server.dataset)
+    model = model_for(server.settings.model, server.dataset)
     accuracies = []
     for reply in grid.replies[-3:]:
         model.load_state_dict(reply.content["arrays"].to_torch_state_dict())

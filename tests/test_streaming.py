@@ -9,6 +9,7 @@ from client_app.base import ClientData, streamed
 from ssfl.experiment import resolve_experiment
 from tasks.config import ConfigError
 from tasks.partition import stream_slice, stream_step
+from tasks.settings import SplitSettings
 from tests.conftest import ROOT
 
 
@@ -35,12 +36,12 @@ def fake_data(n: int) -> ClientData:
 
 def test_a_client_trains_on_its_rounds_chunk_only():
     data = fake_data(20)
-    scfg = {"stream_steps": 4, "stream_rounds_per_step": 2}
+    scfg = SplitSettings(stream_steps=4, stream_rounds_per_step=2)
     chunks = [streamed(data, scfg, r).true_y.tolist() for r in (1, 2, 3, 8, 9)]
     assert chunks[0] == chunks[1] == list(range(5))
     assert chunks[2] == list(range(5, 10))
     assert chunks[3] == chunks[4] == list(range(15, 20))
-    assert streamed(data, {"stream_steps": 0, "stream_rounds_per_step": 10}, 7) is data
+    assert streamed(data, SplitSettings(stream_steps=0), 7) is data
 
 
 def test_streaming_configs_reach_every_chunk_and_bad_values_are_refused():
