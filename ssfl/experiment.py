@@ -71,6 +71,11 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     check_head_size(cfg["model"]["head_size"], dataset_info(cfg["dataset"]["name"]).num_classes)
     check_client_options(name, cfg, spec.client_half())
     check_ssl_heads(name, cfg, server.ssl_heads)
+    if cfg["split"]["scenario"] == "open_world" and not server.open_world:
+        raise ConfigError(
+            f"config key 'split.scenario': method {name!r} does not train on the open_world "
+            "split (fedossl does)"
+        )
     server.check_config(typed(Settings, cfg, algo))
     check_clients_train(name, cfg, spec.client_half())
     return cfg

@@ -152,7 +152,7 @@ def check_experiment(path: str | Path) -> Checked:
     try:
         cfg = resolve_experiment(path)
         dataset, stand_in = real_sized_dataset(cfg)
-        split = make_split(dataset, cfg["split"], cfg["seed"])
+        split = make_split(dataset, settings_of(cfg).split, cfg["seed"])
         model = server_model_and_optimizer(cfg, dataset, split)
         build_client_half(cfg, dataset)
     except ConfigError as err:

@@ -325,6 +325,8 @@ class CentroidCodec(DenseCodec):
 class FedoSSL(ServerHalf):
     """FedAvg of the models + Sinkhorn-Knopp global centroids; open-world evaluation."""
 
+    open_world = True
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return {

@@ -628,6 +628,8 @@ class ServerHalf:
     # The SSL heads its clients train (model.projector_dim, model.predictor_dim); the config
     # refuses the others.
     ssl_heads: frozenset[str] = frozenset()
+    # Whether it trains on FedoSSL's open-world split (split.scenario: open_world).
+    open_world: bool = False
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -10,6 +10,7 @@ process: the ServerApp's, the client actors', the next run's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -26,6 +27,7 @@ import numpy as np
 
 from tasks.config import ConfigError
 from tasks.data import Dataset, dataset_request, load_dataset
+from tasks.settings import SplitSettings, typed
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,12 @@ def _balanced(total: int, num_classes: int) -> np.ndarray:
 
 
 def partition_class_counts(
-    partitioner: str, num_clients: int, client_size: int, num_classes: int, scfg, rng
+    partitioner: str,
+    num_clients: int,
+    client_size: int,
+    num_classes: int,
+    scfg: SplitSettings,
+    rng: np.random.Generator,
 ) -> np.ndarray:
     """Per-client class counts (num_clients x num_classes) of the count-based partitioners."""
     rows = []
@@ -132,7 +139,7 @@ def partition_class_counts(
             weights = np.roll(fedmatch_ratios(num_classes), k % num_classes)
         elif partitioner == "noniid_r":
             # SSFL benchmark, App. A.2: R of the client from its main class, 1 - R spread by Q.
-            target = scfg["target_r"]
+            target = scfg.target_r
             weights = (1.0 - target) * np.full(num_classes, 1.0 / num_classes)
             weights[k % num_classes] += target
         else:
@@ -171,11 +178,11 @@ def remaining_class_counts(
 
 
 def _dirichlet_partitions(
-    pool: ClassPool, labels: np.ndarray, scfg, num_classes: int, seed: int
+    pool: ClassPool, labels: np.ndarray, scfg: SplitSettings, num_classes: int, seed: int
 ) -> list[np.ndarray]:
     """Dirichlet(alpha) label skew (flwr-datasets) over num_clients * client_size samples,
     read from the on-disk cache when these exact inputs were partitioned before."""
-    total = scfg["num_clients"] * scfg["client_size"]
+    total = scfg.num_clients * scfg.client_size
     chosen = pool.take(_balanced(total, num_classes), "the dirichlet pool")
     path = split_cache_dir() / f"dirichlet-{_dirichlet_key(chosen, labels, scfg, seed)}.npz"
     cached = _read_partitions(path)
@@ -187,16 +194,16 @@ def _dirichlet_partitions(
 
 
 def _flwr_dirichlet(
-    chosen: np.ndarray, labels: np.ndarray, scfg: Mapping[str, Any], seed: int
+    chosen: np.ndarray, labels: np.ndarray, scfg: SplitSettings, seed: int
 ) -> list[np.ndarray]:
     import datasets as hf
     from flwr_datasets.partitioner import DirichletPartitioner
 
     table = hf.Dataset.from_dict({"idx": chosen.tolist(), "label": labels[chosen].tolist()})
     part = DirichletPartitioner(
-        num_partitions=scfg["num_clients"],
+        num_partitions=scfg.num_clients,
         partition_by="label",
-        alpha=scfg["dirichlet_alpha"],
+        alpha=scfg.dirichlet_alpha,
         min_partition_size=1,
         self_balancing=False,
         shuffle=True,
@@ -204,8 +211,7 @@ def _flwr_dirichlet(
     )
     part.dataset = table
     return [
-        np.asarray(part.load_partition(k)["idx"], dtype=np.int64)
-        for k in range(scfg["num_clients"])
+        np.asarray(part.load_partition(k)["idx"], dtype=np.int64) for k in range(scfg.num_clients)
     ]
 
 
@@ -215,14 +221,12 @@ def split_cache_dir() -> Path:
     return Path(os.environ.get("SSFL_CACHE_DIR") or Path.home() / ".cache" / "ssfl")
 
 
-def _dirichlet_key(
-    chosen: np.ndarray, labels: np.ndarray, scfg: Mapping[str, Any], seed: int
-) -> str:
+def _dirichlet_key(chosen: np.ndarray, labels: np.ndarray, scfg: SplitSettings, seed: int) -> str:
     """A hash of every input of :func:`_flwr_dirichlet`, and of the libraries that draw it."""
     digest = hashlib.sha256()
     for lib in ("flwr-datasets", "datasets", "numpy"):
         digest.update(f"{lib}=={metadata.version(lib)};".encode())
-    digest.update(f"{scfg['num_clients']};{scfg['dirichlet_alpha']!r};{seed};".encode())
+    digest.update(f"{scfg.num_clients};{scfg.dirichlet_alpha!r};{seed};".encode())
     digest.update(np.ascontiguousarray(chosen, dtype=np.int64).tobytes())
     digest.update(np.ascontiguousarray(labels[chosen], dtype=np.int64).tobytes())
     return digest.hexdigest()[:32]
@@ -253,21 +257,21 @@ def _write_partitions(path: Path, parts: list[np.ndarray]) -> None:
 
 
 def _client_indices(
-    pool: ClassPool, labels: np.ndarray, scfg: Mapping[str, Any], k: int, seed: int, rng
+    pool: ClassPool, labels: np.ndarray, scfg: SplitSettings, k: int, seed: int, rng
 ) -> list[np.ndarray]:
     """Draw every client's samples from what the server and validation sets left."""
-    num_clients = scfg["num_clients"]
-    if scfg["client_size"] == 0 and scfg["partitioner"] in ("iid", "noniid_r"):
+    num_clients = scfg.num_clients
+    if scfg.client_size == 0 and scfg.partitioner in ("iid", "noniid_r"):
         counts = remaining_class_counts(
-            scfg["partitioner"], num_clients, pool.available(), scfg["target_r"]
+            scfg.partitioner, num_clients, pool.available(), scfg.target_r
         )
     else:
-        if scfg["client_size"] == 0:
-            scfg = {**scfg, "client_size": int(pool.available().sum()) // num_clients}
-        if scfg["partitioner"] == "dirichlet":
+        if scfg.client_size == 0:
+            scfg = dataclasses.replace(scfg, client_size=int(pool.available().sum()) // num_clients)
+        if scfg.partitioner == "dirichlet":
             return _dirichlet_partitions(pool, labels, scfg, k, seed)
         counts = partition_class_counts(
-            scfg["partitioner"], num_clients, scfg["client_size"], k, scfg, rng
+            scfg.partitioner, num_clients, scfg.client_size, k, scfg, rng
         )
     return [pool.take(row, f"client {i}") for i, row in enumerate(counts)]
 
@@ -276,24 +280,22 @@ def histogram(labels: np.ndarray, idx: np.ndarray, num_classes: int) -> list[int
     return np.bincount(labels[idx], minlength=num_classes).astype(int).tolist()
 
 
-def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
+def make_split(ds: Dataset, scfg: SplitSettings, seed: int) -> Split:
     """Build the split of FedSEAL 5.1 / FedMatch / SSFL App. A.2, deterministic from the seed
     (``split.scenario: open_world``: FedoSSL's, :func:`open_world_split`)."""
-    if scfg["scenario"] == "open_world":
+    if scfg.scenario == "open_world":
         return open_world_split(ds, scfg, seed)
     rng = np.random.default_rng(seed)
     labels = ds.train_y.numpy()
     k = ds.num_classes
     pool = ClassPool(np.arange(len(labels)), labels, k, rng)
-    server = pool.take(np.full(k, scfg["labeled_per_class"]), "the server labeled set")
-    val = pool.take(_balanced(scfg["val_size"], k), "the validation set")
+    server = pool.take(np.full(k, scfg.labeled_per_class), "the server labeled set")
+    val = pool.take(_balanced(scfg.val_size, k), "the validation set")
     clients = _client_indices(pool, labels, scfg, k, seed, rng)
     clients = [rng.permutation(c) for c in clients]
-    client_labeled = [
-        _client_labeled(c, labels, k, scfg["client_labeled_per_class"]) for c in clients
-    ]
+    client_labeled = [_client_labeled(c, labels, k, scfg.client_labeled_per_class) for c in clients]
     _check_clients(clients, client_labeled, scfg)
-    test = _test_indices(ds, scfg["test_size"], rng)
+    test = _test_indices(ds, scfg.test_size, rng)
     hists = np.array([histogram(labels, c, k) for c in clients])
     summary = {
         "server_labeled": len(server),
@@ -305,13 +307,13 @@ def make_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
         "server_histogram": histogram(labels, server, k),
         "client_histograms": hists.tolist(),
         "noniid_r": round(noniid_r(hists), 6),
-        "partitioner": scfg["partitioner"],
+        "partitioner": scfg.partitioner,
     }
     return Split(server, val, test, clients, client_labeled, summary)
 
 
 def _check_clients(
-    clients: list[np.ndarray], client_labeled: list[np.ndarray], scfg: Mapping[str, Any]
+    clients: list[np.ndarray], client_labeled: list[np.ndarray], scfg: SplitSettings
 ) -> None:
     """Every client holds images, and enough unlabeled ones for its streaming steps."""
     empty = [i for i, c in enumerate(clients) if len(c) == 0]
@@ -321,10 +323,10 @@ def _check_clients(
             "without images; lower it or make the server's and validation sets smaller"
         )
     unlabeled = min(len(c) - len(lab) for c, lab in zip(clients, client_labeled))
-    if scfg["stream_steps"] > unlabeled:
+    if scfg.stream_steps > unlabeled:
         raise ConfigError(
             f"config key 'split.stream_steps': must be <= the smallest client's {unlabeled} "
-            f"unlabeled images, got {scfg['stream_steps']}"
+            f"unlabeled images, got {scfg.stream_steps}"
         )
 
 
@@ -408,7 +410,7 @@ def client_classes(roles: str, num_clients: int) -> list[list[int]]:
     return out
 
 
-def open_world_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
+def open_world_split(ds: Dataset, scfg: SplitSettings, seed: int) -> Split:
     """FedoSSL's open-world split (Definition 1 and the official code's class sets).
 
     Classes take the roles of ``split.class_roles``; every client holds every seen class, a
@@ -418,28 +420,26 @@ def open_world_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
     evenly and disjointly among the clients holding it. Roles are computed over
     ``split.role_clients`` clients (0 = num_clients), merged into num_clients in order (one
     client: the centralized baseline on the same data). No server labels."""
-    if "class_roles" not in scfg:
-        raise ConfigError("config key 'split.scenario': open_world is method fedossl's split")
     rng = np.random.default_rng(seed)
     labels = ds.train_y.numpy()
-    k, num_clients = ds.num_classes, scfg["num_clients"]
-    role_clients = scfg["role_clients"] or num_clients
+    k, num_clients = ds.num_classes, scfg.num_clients
+    role_clients = scfg.role_clients or num_clients
     if role_clients < num_clients:
         raise ConfigError(
             f"config key 'split.role_clients': {role_clients} < split.num_clients ({num_clients})"
         )
-    roles = class_roles(scfg["class_roles"], k)
+    roles = class_roles(scfg.class_roles, k)
     holders_of = client_classes(roles, role_clients)
     pool = ClassPool(np.arange(len(labels)), labels, k, rng)
-    val = pool.take(_balanced(scfg["val_size"], k), "the validation set")
+    val = pool.take(_balanced(scfg.val_size, k), "the validation set")
     labeled: list[list[np.ndarray]] = [[] for _ in range(role_clients)]
     unlabeled: list[list[np.ndarray]] = [[] for _ in range(role_clients)]
     for c in range(k):
         holders = [v for v in range(role_clients) if c in holders_of[v]]
         rest = pool.by_class[c][pool.used[c] :]
-        if scfg["samples_per_class"]:
-            rest = rest[: scfg["samples_per_class"]]
-        n_lab = round(scfg["labeled_fraction"] * len(rest)) if roles[c] == SEEN else 0
+        if scfg.samples_per_class:
+            rest = rest[: scfg.samples_per_class]
+        n_lab = round(scfg.labeled_fraction * len(rest)) if roles[c] == SEEN else 0
         for target, part in ((labeled, rest[:n_lab]), (unlabeled, rest[n_lab:])):
             bounds = np.concatenate([[0], np.cumsum(_balanced(len(part), len(holders)))])
             for v, lo, hi in zip(holders, bounds[:-1], bounds[1:]):
@@ -455,7 +455,7 @@ def open_world_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
         rng.permutation(np.concatenate([client_labeled[i], gather(unlabeled, i)]))
         for i in range(num_clients)
     ]
-    test = _test_indices(ds, scfg["test_size"], rng)
+    test = _test_indices(ds, scfg.test_size, rng)
     hists = np.array([histogram(labels, c, k) for c in clients])
     summary = {
         "server_labeled": 0,
@@ -486,7 +486,7 @@ def open_world_split(ds: Dataset, scfg: Mapping[str, Any], seed: int) -> Split:
 def _cached_split(key: str) -> tuple[Dataset, Split]:
     cfg = json.loads(key)
     ds = load_dataset(dataset_request(cfg))
-    return ds, make_split(ds, cfg["split"], cfg["seed"])
+    return ds, make_split(ds, typed(SplitSettings, cfg["split"]), cfg["seed"])
 
 
 def get_split(cfg: Mapping[str, Any]) -> tuple[Dataset, Split]:

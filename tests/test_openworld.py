@@ -4,6 +4,7 @@ each loss (tasks/openworld.py, tasks/partition.py: open_world_split)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -37,17 +38,18 @@ from tasks.openworld import (
     suppressed_loss,
 )
 from tasks.partition import class_roles, make_split
+from tasks.settings import SplitSettings
 
-SCFG = {
-    "scenario": "open_world",
-    "val_size": 0,
-    "test_size": 100,
-    "num_clients": 10,
-    "class_roles": "SSSSSSLGGG",
-    "labeled_fraction": 0.5,
-    "role_clients": 0,
-    "samples_per_class": 0,
-}
+SCFG = SplitSettings(
+    scenario="open_world",
+    val_size=0,
+    test_size=100,
+    num_clients=10,
+    class_roles="SSSSSSLGGG",
+    labeled_fraction=0.5,
+    role_clients=0,
+    samples_per_class=0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,7 @@ def test_open_world_split_is_deterministic_and_roles_default_to_sixty_percent_se
 
 
 def test_centralized_merges_the_role_clients_into_one(synthetic):
-    split = make_split(synthetic, {**SCFG, "num_clients": 1, "role_clients": 10}, 0)
+    split = make_split(synthetic, replace(SCFG, num_clients=1, role_clients=10), 0)
     federated = make_split(synthetic, SCFG, 0)
     assert sorted(split.clients[0].tolist()) == sorted(np.concatenate(federated.clients).tolist())
 
@@ -100,7 +102,7 @@ def test_centralized_merges_the_role_clients_into_one(synthetic):
 )
 def test_bad_open_world_splits_are_one_line_config_errors(synthetic, changes, match):
     with pytest.raises(ConfigError, match=match):
-        make_split(synthetic, {**SCFG, **changes}, 0)
+        make_split(synthetic, replace(SCFG, **changes), 0)
 
 
 # ----- Sinkhorn-Knopp and centroids ----------------------------------------------------

@@ -8,6 +8,7 @@ from tasks import partition
 from tasks.config import ConfigError
 from tasks.data import make_synthetic
 from tasks.partition import get_split, make_split, noniid_r, round_counts
+from tasks.settings import SplitSettings
 from tests.conftest import ROOT
 
 # Fashion-MNIST's shape and class balance at half its size: no data files needed.
@@ -33,8 +34,8 @@ def test_fmnist_las_sizes_and_disjointness():
 
 def test_split_is_deterministic_in_the_seed():
     ds, a = get_split(split_cfg())
-    b = make_split(ds, split_cfg()["split"], 0)
-    c = make_split(ds, split_cfg()["split"], 1)
+    b = make_split(ds, SplitSettings(**split_cfg()["split"]), 0)
+    c = make_split(ds, SplitSettings(**split_cfg()["split"]), 1)
     assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients))
     assert np.array_equal(a.server_labeled, b.server_labeled)
     assert not np.array_equal(a.server_labeled, c.server_labeled)
@@ -77,23 +78,23 @@ def test_a_dirichlet_partition_is_drawn_once_and_read_back(tmp_path, monkeypatch
     monkeypatch.setenv("SSFL_CACHE_DIR", str(tmp_path))
     cfg = split_cfg(partitioner="dirichlet", dirichlet_alpha=0.5, num_clients=7)
     ds = make_synthetic(28, 20000, 3000)
-    drawn = make_split(ds, cfg["split"], 0)
+    drawn = make_split(ds, SplitSettings(**cfg["split"]), 0)
     (saved,) = tmp_path.glob("dirichlet-*.npz")
 
     def no_second_draw(*args):
         raise AssertionError("drawn again")
 
     monkeypatch.setattr(partition, "_flwr_dirichlet", no_second_draw)
-    read = make_split(ds, cfg["split"], 0)
+    read = make_split(ds, SplitSettings(**cfg["split"]), 0)
     assert [c.tolist() for c in read.clients] == [c.tolist() for c in drawn.clients]
     assert read.summary == drawn.summary
     with pytest.raises(AssertionError, match="drawn again"):  # another alpha: another key
-        make_split(ds, {**cfg["split"], "dirichlet_alpha": 0.6}, 0)
+        make_split(ds, SplitSettings(**{**cfg["split"], "dirichlet_alpha": 0.6}), 0)
     with pytest.raises(AssertionError, match="drawn again"):  # another seed: another key
-        make_split(ds, cfg["split"], 1)
+        make_split(ds, SplitSettings(**cfg["split"]), 1)
     saved.write_bytes(b"not an npz")  # a damaged file is drawn again, not trusted
     with pytest.raises(AssertionError, match="drawn again"):
-        make_split(ds, cfg["split"], 0)
+        make_split(ds, SplitSettings(**cfg["split"]), 0)
 
 
 def test_an_unwritable_cache_warns_and_the_split_still_comes(tmp_path, monkeypatch, caplog):
@@ -101,7 +102,7 @@ def test_an_unwritable_cache_warns_and_the_split_still_comes(tmp_path, monkeypat
     blocker.write_text("")
     monkeypatch.setenv("SSFL_CACHE_DIR", str(blocker / "cache"))
     cfg = split_cfg(partitioner="dirichlet", dirichlet_alpha=0.5, num_clients=7)
-    split = make_split(make_synthetic(28, 20000, 3000), cfg["split"], 0)
+    split = make_split(make_synthetic(28, 20000, 3000), SplitSettings(**cfg["split"]), 0)
     assert sum(len(c) for c in split.clients) == cfg["split"]["client_size"] * 7
     assert "split cache not written" in caplog.text
 
@@ -123,7 +124,7 @@ def test_fedmatch_imbalanced_split_of_another_class_count(num_classes):
     """Client k: 50% of class k mod C, 15% of each neighbour, the other 20% spread evenly."""
     ds = make_synthetic(28, 400 * num_classes, 10 * num_classes, num_classes=num_classes)
     scfg = small_split(num_classes + 1, 200)
-    hists = np.array(make_split(ds, scfg, 0).summary["client_histograms"])
+    hists = np.array(make_split(ds, SplitSettings(**scfg), 0).summary["client_histograms"])
     assert hists.shape == (num_classes + 1, num_classes)
     for k, hist in enumerate(hists):
         main, after, before = k % num_classes, (k + 1) % num_classes, (k - 1) % num_classes
@@ -135,7 +136,7 @@ def test_fedmatch_imbalanced_split_of_another_class_count(num_classes):
 def test_fedmatch_imbalanced_needs_four_classes():
     ds = make_synthetic(28, 900, 30, num_classes=3)
     with pytest.raises(ConfigError, match="needs at least 4 classes, the dataset has 3"):
-        make_split(ds, small_split(3, 100), 0)
+        make_split(ds, SplitSettings(**small_split(3, 100)), 0)
 
 
 @pytest.mark.parametrize("target", [0.0, 0.4, 1.0])
@@ -165,7 +166,7 @@ def test_labels_at_client_part_is_a_subset_with_per_class_counts():
             }
         }
     )["split"]
-    split = make_split(ds, scfg, 0)
+    split = make_split(ds, SplitSettings(**scfg), 0)
     labels = ds.train_y.numpy()
     for c, lab in zip(split.clients, split.client_labeled):
         assert np.isin(lab, c).all()
@@ -176,7 +177,7 @@ def test_too_large_split_is_a_config_error():
     ds = make_synthetic(28, 500, 100)
     scfg = resolve_config({"split": {"client_size": 1000, "test_size": 100}})["split"]
     with pytest.raises(ConfigError, match=r"only \d+ left"):
-        make_split(ds, scfg, 0)
+        make_split(ds, SplitSettings(**scfg), 0)
 
 
 def test_round_counts_sum_exactly():

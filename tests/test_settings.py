@@ -125,3 +125,14 @@ def test_an_open_world_key_outside_the_open_world_is_refused():
         "config key 'split.class_roles': an open_world key; split.scenario is "
         "labels_at_server (leave it at '')"
     )
+
+
+def test_only_a_method_that_trains_on_the_open_world_split_accepts_it():
+    raw = tiny_raw("fedseal")
+    raw["split"] = {**raw["split"], "scenario": "open_world", "labeled_per_class": 0}
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(raw)
+    assert str(caught.value) == (
+        "config key 'split.scenario': method 'fedseal' does not train on the open_world split "
+        "(fedossl does)"
+    )

@@ -326,11 +326,15 @@ def gone_within(tempdir: Path, seconds: float) -> bool:
 
 
 def finish(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> tuple[dict, str]:
-    """The results of a command run to its end, and its standard error."""
+    """The results of a command run to its end, and what it said of failures: its standard
+    error and the lines of its Flower log that name a failed or rejected client."""
     proc = start_cli(command, exp, out, tempdir, *args)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    return json.loads((out / "results.json").read_text()), err
+    log = out / "flower.log"
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    told = [line for line in lines if any(w in line for w in ("failed", "rejected", "ERROR"))]
+    return json.loads((out / "results.json").read_text()), "\n".join([err[-3000:], *told[-20:]])
 
 
 @pytest.fixture(scope="module")
