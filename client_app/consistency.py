@@ -10,6 +10,8 @@ client.epochs passes, or client.local_steps SGD steps when that is > 0.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,9 @@ from client_app.base import ClientHalf
 from tasks.augment import grouped_views
 from tasks.losses import proximal_term
 from tasks.train import cycled_batch, running_sum, set_lr
+
+# (logits the pseudo-labels come from, logits the loss trains) -> (loss, per-sample mask)
+UnlabeledLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class PseudoLabelStats:
@@ -57,19 +62,30 @@ class ConsistencyClient(ClientHalf):
 
     honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name", "client.proximal_mu"}
 
+    @staticmethod
+    @abstractmethod
+    def loss_of(algo: Any) -> UnlabeledLoss:
+        """The method's unlabeled loss with its ``algo`` settings (also what ``ssfl sanity``
+        trains centrally)."""
+
+    @staticmethod
+    def trains_strong_view(algo: Any) -> bool:
+        """Whether the loss trains the strong view's logits (else the weak view's)."""
+        return True
+
     def view_augments(self, weak, strong) -> tuple:
         """The augmentations whose views of each unlabeled batch :meth:`logits` takes."""
-        return weak, strong
+        return (weak, strong) if self.trains_strong_view(self.algo) else (weak,)
 
     def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the weak and the strong view of a batch, in one forward pass."""
         return self.model(torch.cat(views)).chunk(2)
 
-    @abstractmethod
     def unlabeled_loss(
-        self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
+        self, logits_weak: torch.Tensor, logits_trained: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, per-sample mask) of the method."""
+        """(loss, per-sample mask) of the method (:meth:`loss_of` its settings)."""
+        return self.loss_of(self.algo)(logits_weak, logits_trained)
 
     def labeled_loss(self, step: int, weak) -> torch.Tensor:
         """Cross-entropy on one labeled batch (labels-at-client), cycling through the set."""

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import torch
-
-from client_app.consistency import ConsistencyClient
+from client_app.consistency import ConsistencyClient, UnlabeledLoss
 from tasks.losses import fixmatch_loss
+from tasks.settings import ConsistencySettings
 
 
 class FixMatchClient(ConsistencyClient):
     """Pseudo-label from the weak view where confident, cross-entropy on the strong view."""
 
-    def unlabeled_loss(
-        self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return fixmatch_loss(logits_weak, logits_strong, self.algo.threshold)
+    @staticmethod
+    def loss_of(algo: ConsistencySettings) -> UnlabeledLoss:
+        return lambda weak, strong: fixmatch_loss(weak, strong, algo.threshold)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from client_app.consistency import ConsistencyClient
+from client_app.consistency import ConsistencyClient, UnlabeledLoss
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.settings import MAX_CLIENTS, POSITIVE, ConsistencySettings, again, between, setting
 
@@ -66,13 +66,20 @@ class PseudoLabelClient(ConsistencyClient):
             DistributionAligner(self.data.num_classes) if self.algo.distribution_alignment else None
         )
 
-    def view_augments(self, weak, strong) -> tuple:
-        """Self-training (eq. 3) needs the weak view alone."""
-        return (weak,) if self.algo.loss == "selftrain" else (weak, strong)
+    @staticmethod
+    def trains_strong_view(algo: PseudoLabelSettings) -> bool:
+        """Self-training (eq. 3) trains the weak view; CRL (eq. 6) the strong one."""
+        return algo.loss != "selftrain"
+
+    @staticmethod
+    def loss_of(algo: PseudoLabelSettings) -> UnlabeledLoss:
+        if algo.loss == "selftrain":
+            return lambda weak, trained: selftrain_loss(trained, algo.threshold, weak)
+        return lambda weak, trained: crl_loss(weak, trained, algo.threshold)
 
     def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits the pseudo-labels come from, logits the loss trains)."""
-        if self.algo.loss == "selftrain":
+        if not self.trains_strong_view(self.algo):
             logits = self.model(views[0])
             logits_weak, logits_trained = logits, logits
         else:
@@ -80,10 +87,3 @@ class PseudoLabelClient(ConsistencyClient):
         if self.aligner is not None:
             logits_weak = self.aligner(logits_weak)
         return logits_weak, logits_trained
-
-    def unlabeled_loss(
-        self, logits_weak: torch.Tensor, logits_trained: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.algo.loss == "selftrain":
-            return selftrain_loss(logits_trained, self.algo.threshold, logits_weak)
-        return crl_loss(logits_weak, logits_trained, self.algo.threshold)

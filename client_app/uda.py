@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from client_app.consistency import ConsistencyClient
+from client_app.consistency import ConsistencyClient, UnlabeledLoss
 from tasks.losses import TSA_SCHEDULES, uda_loss
 from tasks.settings import ConsistencySettings, Range, setting
 
@@ -32,7 +30,6 @@ class UDASettings(ConsistencySettings):
 class UDAClient(ConsistencyClient):
     """KL between the sharpened weak-view prediction and the strong view, where confident."""
 
-    def unlabeled_loss(
-        self, logits_weak: torch.Tensor, logits_strong: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return uda_loss(logits_weak, logits_strong, self.algo.threshold, self.algo.temperature)
+    @staticmethod
+    def loss_of(algo: UDASettings) -> UnlabeledLoss:
+        return lambda weak, strong: uda_loss(weak, strong, algo.threshold, algo.temperature)

@@ -1,7 +1,8 @@
 """``ssfl sanity METHOD``: a method's own parts trained centrally, as the original SSL papers do.
 
 The parts come from the method's experiment file (``SANITY_METHODS``) with the dataset
-swapped: its unlabeled loss (``tasks/losses.py``), its weak and strong views
+swapped: its unlabeled loss (the client half's own, ``loss_of`` its settings), its weak
+and strong views
 (``tasks/augment.py``, the experiment's ``augment.weak_shift`` and RandAugment n, m), its
 model (``model``) and its client optimizer (lr, momentum, Nesterov, weight decay). Each
 step takes a labeled batch of B images and an unlabeled batch of mu * B images, in one
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,19 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from client_app.uda import UDASettings
 from ssfl.experiment import resolve_experiment
+from ssfl.registry import method as method_of
 from ssfl.registry import settings_of
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.config import ConfigError
 from tasks.data import Dataset, load_dataset
 from tasks.data import dataset_request as request_for
 from tasks.losses import (
-    crl_loss,
-    fixmatch_loss,
-    selftrain_loss,
     tsa_cross_entropy,
     tsa_threshold,
-    uda_loss,
 )
 from tasks.models import model_for
 from tasks.train import (
@@ -69,8 +67,6 @@ SANITY_METHODS: dict[str, str] = {
 
 # FixMatch's cosine decay: lr * cos(7 pi k / (16 K)) (Sohn et al. 2020, section 4).
 COSINE_CYCLES = 7.0 / 16.0
-
-UnlabeledLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -135,19 +131,9 @@ def labeled_indices(labels: torch.Tensor, per_class: int, seed: int) -> np.ndarr
     return np.sort(np.concatenate(picks))
 
 
-def unlabeled_loss_for(method: str, algo: Any) -> UnlabeledLoss:
-    """The method's unlabeled loss on (weak-view logits, strong-view logits)."""
-    tau = algo.threshold
-    if method == "uda":
-        return lambda weak, strong: uda_loss(weak, strong, tau, algo.temperature)
-    if method == "selftrain":
-        return lambda weak, strong: selftrain_loss(weak, tau)
-    return lambda weak, strong: (crl_loss if method == "crl" else fixmatch_loss)(weak, strong, tau)
-
-
-def labeled_loss_for(method: str, algo: Any, num_classes: int, steps: int):
+def labeled_loss_for(algo: Any, num_classes: int, steps: int):
     """Cross-entropy; UDA's with training-signal annealing (UDA 3.2) over the run."""
-    if method != "uda":
+    if not isinstance(algo, UDASettings):
         return lambda logits, y, step: F.cross_entropy(logits, y)
 
     def tsa(logits: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
@@ -185,8 +171,9 @@ def train_sanity(
     n_ops, magnitude = algo.randaugment_n, algo.randaugment_m
     weak = WeakAugment(ds.image_size, ds.flip, shift).to(device)
     strong = StrongAugment(ds.image_size, ds.flip, ds.channels, n_ops, magnitude, shift).to(device)
-    u_loss = unlabeled_loss_for(method, algo)
-    x_loss = labeled_loss_for(method, algo, ds.num_classes, opts.steps)
+    client = method_of(settings.method).client_half()  # its loss, as the clients train it
+    u_loss, strong_trained = client.loss_of(algo), client.trains_strong_view(algo)
+    x_loss = labeled_loss_for(algo, ds.num_classes, opts.steps)
     start = time.monotonic()
     with seeded(derive_seed(settings.seed, "sanity", method)) as gen:
         model = model_for(settings.model, ds).to(device)
@@ -202,7 +189,7 @@ def train_sanity(
             logits_x = logits[: len(il)]
             logits_w, logits_s = logits[len(il) :].chunk(2)
             loss_x = x_loss(logits_x, y_l[il], step)
-            loss_u, mask = u_loss(logits_w, logits_s)
+            loss_u, mask = u_loss(logits_w, logits_s if strong_trained else logits_w)
             loss = loss_x + algo.lambda_u * loss_u
             set_lr(opt, lr)
             opt.zero_grad(set_to_none=True)
