@@ -447,7 +447,7 @@ class RoundLoop(Strategy):
         self.timeline["nodes_found"] = time.time()
         if self.first_round == 1:
             self.parts.trainer.bootstrap()
-            self.update_payloads(0)
+            self.parts.codec.update_payloads(0)
         self.timeline["first_round"] = time.time()
         result = Result()
         limit = self.settings.federation.max_failed_rounds
@@ -525,7 +525,7 @@ class RoundLoop(Strategy):
         if aggregator is not None:
             round_metrics.update(codec.begin_round(rnd))
             messages = self.messages(rnd, self.server.arrays(), stats)
-            round_metrics.update(self.sparse_metrics("s2c", stats.bytes_s2c, len(messages)))
+            round_metrics.update(codec.saved_bytes("s2c", stats.bytes_s2c, len(messages)))
             replies = exchange(grid, messages, timeout) if messages else []
             updates = self.accept(rnd, replies, stats, self.sent_ids(messages))
         if trainer.beside_clients:
@@ -541,7 +541,7 @@ class RoundLoop(Strategy):
             codec.end_round(self.sent(messages), {u.pid for u in updates})
         if not trainer.beside_clients:
             server_metrics = trainer.train(rnd)
-        round_metrics.update(self.update_payloads(rnd))
+        round_metrics.update(codec.update_payloads(rnd))
         evaluation = self.parts.evaluator.evaluate(self.server.model) if self.tested(rnd) else {}
         return {
             "round": rnd,
@@ -563,7 +563,7 @@ class RoundLoop(Strategy):
         if trainer.trains() and not trainer.beside_clients and self.tested(rnd):
             aggregate = self.parts.evaluator.evaluate(self.server.model)
             out["aggregate_accuracy"] = aggregate["test_accuracy"]
-        out.update(self.sparse_metrics("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
+        out.update(self.parts.codec.saved_bytes("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
         return out
 
     def tested(self, rnd: int) -> bool:
@@ -576,25 +576,6 @@ class RoundLoop(Strategy):
     def sent_ids(self, messages: list[Message]) -> dict[str, int]:
         """The partition of each sent message by the id the grid gave it when sending."""
         return {m.metadata.message_id: self.partition_of(m.metadata.dst_node_id) for m in messages}
-
-    def sparse_metrics(self, direction: str, sent: int, dense: int) -> Metrics:
-        """For a codec that sends less than dense models: the dense cost and the ratio.
-
-        s2c: ``dense`` is the number of messages (each costs one dense model); c2s: the
-        dense bytes the clients reported."""
-        model_bytes = self.parts.codec.dense_model_bytes
-        if model_bytes is None:
-            return {}
-        if direction == "s2c":
-            dense = model_bytes * dense
-            return {"bytes_s2c_dense": dense, "s2c_ratio": sent / max(dense, 1)}
-        return {"c2s_ratio": sent / max(dense, 1)}
-
-    def update_payloads(self, rnd: int) -> Metrics:
-        out: Metrics = {}
-        for payload in self.parts.codec.payloads:
-            out.update(payload.update(rnd))
-        return out
 
     def local_accuracy(self, updates: list[Update]) -> float:
         """Mean test accuracy of the clients' trained models (eval.local_models).

@@ -522,6 +522,25 @@ class DenseCodec:
     def __init__(self, payloads: Iterable[Payload] = ()):
         self.payloads = list(payloads)
 
+    def update_payloads(self, server_round: int) -> Metrics:
+        """Recompute every payload after the server's step (round 0: after the bootstrap);
+        the metrics they give."""
+        out: Metrics = {}
+        for payload in self.payloads:
+            out.update(payload.update(server_round))
+        return out
+
+    def saved_bytes(self, direction: str, sent: int, dense: int) -> Metrics:
+        """For a codec that sends less than dense models (``dense_model_bytes`` set): the
+        dense cost and the ratio. s2c: ``dense`` is the number of messages (each costs one
+        dense model); c2s: the dense bytes the clients reported."""
+        if self.dense_model_bytes is None:
+            return {}
+        if direction == "s2c":
+            dense = self.dense_model_bytes * dense
+            return {"bytes_s2c_dense": dense, "s2c_ratio": sent / max(dense, 1)}
+        return {"c2s_ratio": sent / max(dense, 1)}
+
     def begin_round(self, server_round: int) -> Metrics:
         return {}
 
