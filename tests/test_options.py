@@ -17,6 +17,7 @@ import pytest
 from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS, method
 from tasks.config import CHOICES, ConfigError, deep_merge, flatten
+from tasks.settings import choices_of
 from tests.harness import InProcessGrid, everyday_sample, run_method
 
 # A bootstrapped model confident enough for pseudo-labels, thresholds and complementary
@@ -109,12 +110,11 @@ TOGETHER: dict[str | tuple[str, str], dict[str, Any]] = {
     "server.nesterov": {"server": {"momentum": 0.9}},
 }
 
+# The strings each method's algo keys allow, from their declarations.
 STRINGS = {
-    "algo.loss": ("crl", "selftrain"),
-    "algo.tsa_schedule": ("exp", "linear", "log"),
-    "algo.personal": ("none", "head", "all"),
-    "algo.objective": ("orca", "nach", "semifl"),
-    "algo.trainable": ("all", "last_block"),
+    key: allowed
+    for spec in METHODS.values()
+    for key, allowed in choices_of(spec.settings_class(), "algo.").items()
 }
 
 
