@@ -176,9 +176,8 @@ def augmenters(
     image_size: int, flip: bool, channels: int, n: int, m: float, shift: float, device: str
 ):
     """Weak and strong augmentation modules on the device, built once per process."""
-    weak = WeakAugment(image_size, flip, shift).to(device)
     strong = StrongAugment(image_size, flip, channels, n, m, shift).to(device)
-    return weak, strong
+    return weak_augmenter(image_size, flip, shift, device), strong
 
 
 @functools.lru_cache(maxsize=8)

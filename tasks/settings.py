@@ -263,41 +263,28 @@ class OptimizerSettings:
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class ServerSettings(OptimizerSettings):
+    """The server's SGD on its labeled set, and its bootstrap."""
+
     bootstrap_epochs: int = setting(
         0,
         "epochs on the labeled set before round 1 (FedSEAL 4.1.3)",
         rule=between(0, MAX_EPOCHS),
         ref="FedSEAL 4.1.3",
     )
-    epochs: int = again(OptimizerSettings, "epochs", 0)
-    lr: float = again(OptimizerSettings, "lr", 0.01)
-    lr_decay: float = again(OptimizerSettings, "lr_decay", 1.0)
-    momentum: float = again(OptimizerSettings, "momentum", 0.9)
-    weight_decay: float = again(OptimizerSettings, "weight_decay", 0.0)
-    batch_size: int = again(OptimizerSettings, "batch_size", 32)
-    nesterov: bool = again(OptimizerSettings, "nesterov", False)
-    local_steps: int = again(OptimizerSettings, "local_steps", 0)
-    keep_momentum: bool = again(OptimizerSettings, "keep_momentum", False)
 
 
 @dataclass(frozen=True)
-class ClientSettings:
+class ClientSettings(OptimizerSettings):
+    """A client's local SGD, and the FedProx term."""
+
     epochs: int = again(OptimizerSettings, "epochs", 1)
-    lr: float = again(OptimizerSettings, "lr", 0.01)
-    lr_decay: float = again(OptimizerSettings, "lr_decay", 1.0)
-    momentum: float = again(OptimizerSettings, "momentum", 0.9)
-    weight_decay: float = again(OptimizerSettings, "weight_decay", 0.0)
-    batch_size: int = again(OptimizerSettings, "batch_size", 32)
     proximal_mu: float = setting(
         0.0,
         "FedProx term (mu / 2) \\|\\|w - w_global\\|\\|^2 (refused by client halves that do "
         "not honour it)",
         rule=NON_NEGATIVE,
     )
-    nesterov: bool = again(OptimizerSettings, "nesterov", False)
-    local_steps: int = again(OptimizerSettings, "local_steps", 0)
-    keep_momentum: bool = again(OptimizerSettings, "keep_momentum", False)
 
 
 @dataclass(frozen=True)

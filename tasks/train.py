@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.losses import proximal_term
-from tasks.settings import ClientSettings, LrScheduleSettings, ServerSettings
+from tasks.settings import LrScheduleSettings, OptimizerSettings
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -143,7 +143,7 @@ def steps_per_round(n: int, batch_size: int, epochs: int, local_steps: int) -> i
 
 
 def scheduled_lr(
-    half: ServerSettings | ClientSettings,
+    half: OptimizerSettings,
     schedule: LrScheduleSettings,
     rounds: int,
     rnd: int,

@@ -16,6 +16,7 @@ from tasks.settings import (
     AlgoSettings,
     ConsistencySettings,
     OptimizerSettings,
+    ServerSettings,
     Settings,
     again,
     between,
@@ -77,7 +78,7 @@ def test_again_changes_the_default_and_keeps_the_one_declaration():
     threshold = {f.name: f for f in dataclasses.fields(ConsistencySettings)}["threshold"]
     moved = again(ConsistencySettings, "threshold", 0.95)
     assert moved.default == 0.95 and moved.metadata == threshold.metadata
-    server = {f.name: f for f in dataclasses.fields(Settings().server.__class__)}
+    server = {f.name: f for f in dataclasses.fields(ServerSettings)}
     lr = {f.name: f for f in dataclasses.fields(OptimizerSettings)}["lr"]
     assert server["lr"].metadata == lr.metadata and server["lr"].default == 0.01
 
@@ -85,7 +86,8 @@ def test_again_changes_the_default_and_keeps_the_one_declaration():
 def test_the_readers_tables_come_from_the_declarations():
     assert defaults_of(Settings) == DEFAULTS
     assert RULES["server.lr"] == RULES["client.lr"] and str(RULES["server.momentum"]) == "in [0, 1)"
-    assert CHOICES["split.partitioner"][0] == "iid" and "algo" not in DEFAULTS["algo"]
+    assert CHOICES["split.partitioner"][0] == "iid" and DEFAULTS["algo"] == {}
+    assert DEFAULTS["server"]["epochs"] == 0 and DEFAULTS["client"]["epochs"] == 1
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
