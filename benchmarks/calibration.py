@@ -24,43 +24,44 @@ import numpy as np
 import torch
 
 from ssfl.experiment import kept_checkpoint_state, resolve_experiment
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from strategies.parts import ServerSide
 from tasks.augment import WeakAugment
 from tasks.config import ConfigError
 from tasks.metrics import calibration
 from tasks.partition import get_split
+from tasks.settings import Settings
 from tasks.train import derive_seed, predict_logits, seeded, to_float
 
 SETS = ("weak views", "clean images", "test set")
 
 
-def server_model(cfg: dict, checkpoint: Path | None) -> tuple[ServerSide, str]:
+def server_model(settings: Settings, checkpoint: Path | None) -> tuple[ServerSide, str]:
     """The server with the model the users would receive, and where that model comes from."""
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    dataset, split = get_split(settings)
+    server = ServerSide.build(settings, dataset, split, torch.device("cpu"))
     if checkpoint is None:
-        strategy = method(cfg["method"]).server_half().strategy(server, lambda row: None)
+        strategy = method(settings.method).server_half().strategy(server, lambda row: None)
         strategy.parts.trainer.bootstrap()
-        return server, f"the bootstrap ({cfg['server']['bootstrap_epochs']} epochs)"
-    state = kept_checkpoint_state(checkpoint, cfg)
+        return server, f"the bootstrap ({settings.server.bootstrap_epochs} epochs)"
+    state = kept_checkpoint_state(checkpoint, settings)
     server.model.load_state_dict(state["model"])
     return server, f"the global model after round {state['round']}"
 
 
 def probabilities(server: ServerSide, x: torch.Tensor) -> torch.Tensor:
-    logits = predict_logits(server.model, x, server.cfg["eval"]["batch_size"])
+    logits = predict_logits(server.model, x, server.settings.eval.batch_size)
     return torch.softmax(logits, dim=1)
 
 
 def measure(server: ServerSide, threshold: float, bins: int) -> dict[str, dict]:
     """Calibration on the users' weak views, their clean images and the test set."""
-    ds, split, cfg = server.dataset, server.split, server.cfg
+    ds, split, settings = server.dataset, server.split, server.settings
     users = np.concatenate(split.clients)
     clean = to_float(ds.train_x[users], server.device)
     labels = ds.train_y[users]
-    with seeded(derive_seed(cfg["seed"], "calibration")):
-        weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])(clean)
+    with seeded(derive_seed(settings.seed, "calibration")):
+        weak = WeakAugment(ds.image_size, ds.flip, settings.augment.weak_shift)(clean)
     return {
         "weak views": calibration(probabilities(server, weak), labels, threshold, bins),
         "clean images": calibration(probabilities(server, clean), labels, threshold, bins),
@@ -109,11 +110,11 @@ def main() -> None:
     if args.bins < 1:
         raise SystemExit(f"--bins: a positive number of bins, got {args.bins}")
     try:
-        cfg = resolve_experiment(args.experiment, sets=args.sets)
-        server, source = server_model(cfg, args.checkpoint)
+        settings = settings_of(resolve_experiment(args.experiment, sets=args.sets))
+        server, source = server_model(settings, args.checkpoint)
     except ConfigError as err:
         raise SystemExit(f"calibration: {err}") from None
-    threshold = float(cfg["algo"].get("threshold", 0.95))
+    threshold = float(getattr(settings.algo, "threshold", 0.95))
     report = {
         "experiment": args.experiment,
         "model": source,

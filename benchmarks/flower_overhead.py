@@ -31,6 +31,7 @@ from tasks.aggregate import weighted_average
 from tasks.augment import WeakAugment
 from tasks.models import model_for
 from tasks.partition import get_split
+from tasks.settings import Settings
 from tasks.train import derive_seed, evaluate, make_sgd, seeded, supervised_epochs, to_float
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,16 +39,16 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = ROOT / "experiments/fmnist-las/fedavg_sl.yaml"
 
 
-def plain_loop(cfg: dict, rounds: int) -> dict:
+def plain_loop(settings: Settings, rounds: int) -> dict:
     """FedAvg-SL with no Flower: clients in partition order, the same seeds as the app."""
     t0 = time.perf_counter()
-    ds, split = get_split(cfg)
+    ds, split = get_split(settings)
     device = torch.device("cpu")
-    server = ServerSide.build(cfg, ds, split, device)
-    weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
+    server = ServerSide.build(settings, ds, split, device)
+    weak = WeakAugment(ds.image_size, ds.flip, settings.augment.weak_shift)
     clients = [(to_float(ds.train_x[idx], device), ds.train_y[idx]) for idx in split.clients]
-    local = model_for(settings_of(cfg).model, ds)
-    ccfg = cfg["client"]
+    local = model_for(settings_of(settings).model, ds)
+    ccfg = settings.client
     startup = time.perf_counter() - t0
     times, accs = [], []
     for rnd in range(1, rounds + 1):
@@ -58,18 +59,18 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
             local.load_state_dict(global_state)
             opt = make_sgd(
                 local.parameters(),
-                ccfg["lr"] * ccfg["lr_decay"] ** (rnd - 1),
-                ccfg["momentum"],
-                ccfg["weight_decay"],
+                ccfg.lr * ccfg.lr_decay ** (rnd - 1),
+                ccfg.momentum,
+                ccfg.weight_decay,
             )
-            with seeded(derive_seed(cfg["seed"], "client", pid, rnd)) as gen:
+            with seeded(derive_seed(settings.seed, "client", pid, rnd)) as gen:
                 supervised_epochs(
                     local,
                     x,
                     y,
-                    epochs=ccfg["epochs"],
+                    epochs=ccfg.epochs,
                     optimizer=opt,
-                    batch_size=ccfg["batch_size"],
+                    batch_size=ccfg.batch_size,
                     generator=gen,
                     augment=weak,
                 )
@@ -77,7 +78,7 @@ def plain_loop(cfg: dict, rounds: int) -> dict:
             weights.append(len(x))
         avg = weighted_average(updates, weights)
         server.model.load_state_dict({k: torch.from_numpy(v) for k, v in avg.items()})
-        acc, _ = evaluate(server.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+        acc, _ = evaluate(server.model, server.test_x, server.test_y, settings.eval.batch_size)
         times.append(time.perf_counter() - start)
         accs.append(acc)
     return {"startup_s": startup, "round_s": times, "accuracy": accs}
@@ -127,9 +128,11 @@ def main() -> None:
     args.data_dir = str(Path(args.data_dir).resolve())
 
     flower = flower_run(args, out / "flower")
-    cfg = resolve_experiment(EXPERIMENT, args.rounds, sets=[f"dataset.root={args.data_dir}"])
+    settings = settings_of(
+        resolve_experiment(EXPERIMENT, args.rounds, sets=[f"dataset.root={args.data_dir}"])
+    )
     with TreePeak(os.getpid(), interval=0.25) as mem_plain:
-        plain = plain_loop(cfg, args.rounds)
+        plain = plain_loop(settings, args.rounds)
     plain["peak_rss_bytes"] = mem_plain.peak
 
     def steady(times):

@@ -280,8 +280,11 @@ def method_runs(ctx: Context) -> dict[str, Any]:
         return result
 
     from ssfl.experiment import resolve_config
+    from ssfl.registry import settings_of
 
-    share = client_gpu_share(resolve_config(tiny_experiment("fedavg_fixmatch", ctx)), gpu_count())
+    share = client_gpu_share(
+        settings_of(resolve_config(tiny_experiment("fedavg_fixmatch", ctx))), gpu_count()
+    )
     with UtilSampler(not ctx.cpu) as sampler, ThreadPoolExecutor(ctx.sizes.jobs) as pool:
         runs = dict(zip(names, pool.map(one, names)))
     ok = [n for n, r in runs.items() if r["status"] == "ok"]

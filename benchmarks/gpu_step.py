@@ -22,35 +22,35 @@ from ssfl.experiment import resolve_config
 from ssfl.registry import settings_of
 from tasks.data import dataset_info
 from tasks.models import model_for
+from tasks.settings import Settings
 from tasks.train import autocast, make_sgd
 
 LR = 0.01
 
 
-def experiment(model: str, dataset: str, batch: int, amp: str, steps: int, device: str):
+def experiment(model: str, dataset: str, batch: int, amp: str, steps: int, device: str) -> Settings:
     """One client holding exactly ``steps`` unlabeled batches of ``batch`` images."""
     images = batch * steps
-    return resolve_config(
-        {
-            "method": "fedavg_fixmatch",
-            "device": device,
-            "dataset": {
-                "name": dataset,
-                "synthetic_train_size": images + 100,
-                "synthetic_test_size": 40,
-            },
-            "split": {
-                "labeled_per_class": 2,
-                "val_size": 20,
-                "test_size": 40,
-                "num_clients": 1,
-                "client_size": images,
-            },
-            "model": {"name": model, "channels_last": amp == "bf16"},
-            "train": {"amp": amp},
-            "client": {"batch_size": batch, "lr": LR},
-        }
-    )
+    raw = {
+        "method": "fedavg_fixmatch",
+        "device": device,
+        "dataset": {
+            "name": dataset,
+            "synthetic_train_size": images + 100,
+            "synthetic_test_size": 40,
+        },
+        "split": {
+            "labeled_per_class": 2,
+            "val_size": 20,
+            "test_size": 40,
+            "num_clients": 1,
+            "client_size": images,
+        },
+        "model": {"name": model, "channels_last": amp == "bf16"},
+        "train": {"amp": amp},
+        "client": {"batch_size": batch, "lr": LR},
+    }
+    return settings_of(resolve_config(raw))
 
 
 def synchronize(device: str) -> None:
@@ -65,13 +65,13 @@ def client_images_per_s(
     the data cache, the augmentations and the kernels)."""
     from client_app.fixmatch import FixMatchClient
 
-    cfg = experiment(model, dataset, batch, amp, steps, device)
-    net = model_for(settings_of(cfg).model, dataset_info(cfg["dataset"]["name"]))
+    settings = experiment(model, dataset, batch, amp, steps, device)
+    net = model_for(settings_of(settings).model, dataset_info(settings.dataset.name))
     content = RecordDict(
         {
             "arrays": ArrayRecord(net.state_dict()),
             "config": ConfigRecord(
-                {"ssfl-config": json.dumps(cfg, sort_keys=True), "round": 1, "lr": LR}
+                {"ssfl-config": json.dumps(settings, sort_keys=True), "round": 1, "lr": LR}
             ),
         }
     )
@@ -90,11 +90,11 @@ def bare_images_per_s(
     model: str, dataset: str, batch: int, amp: str, steps: int, device: str
 ) -> float:
     """Images/s of a plain loop: one fixed input of both views' size, cross-entropy, SGD."""
-    cfg = experiment(model, dataset, batch, amp, steps, device)
-    info = dataset_info(cfg["dataset"]["name"])
+    settings = experiment(model, dataset, batch, amp, steps, device)
+    info = dataset_info(settings.dataset.name)
     dev = torch.device(device)
-    net = model_for(settings_of(cfg).model, info).to(dev)
-    layout = torch.channels_last if cfg["model"]["channels_last"] else torch.contiguous_format
+    net = model_for(settings_of(settings).model, info).to(dev)
+    layout = torch.channels_last if settings.model.channels_last else torch.contiguous_format
     x = torch.rand(2 * batch, info.channels, info.image_size, info.image_size, device=dev)
     x = x.contiguous(memory_format=layout)
     y = torch.randint(0, info.num_classes, (2 * batch,), device=dev)
@@ -102,7 +102,7 @@ def bare_images_per_s(
     net.train()
 
     def step() -> None:
-        with autocast(cfg["train"]["amp"], dev):
+        with autocast(settings.train.amp, dev):
             loss = F.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -18,20 +18,22 @@ on; one that collapses every user within T steps does not. Writes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from ssfl.experiment import kept_checkpoint_state, resolve_config, resolve_experiment
-from ssfl.registry import method
+from ssfl.experiment import kept_checkpoint_state, resolve_experiment
+from ssfl.registry import method, settings_of
 from strategies.loop import RoundLoop
 from strategies.parts import ServerSide
 from tasks.aggregate import weighted_average
 from tasks.config import ConfigError
 from tasks.partition import get_split
+from tasks.settings import Settings, mapping
 from tasks.train import evaluate
 
 
@@ -43,19 +45,19 @@ def steps_list(text: str) -> list[int]:
 
 
 def user_round(
-    cfg: dict, server: ServerSide, strategy: RoundLoop, pid: int
+    settings: Settings, server: ServerSide, strategy: RoundLoop, pid: int
 ) -> tuple[float, dict, dict]:
     """Round 1 of user ``pid`` from the server's model: (test accuracy, metrics, state)."""
     start = ArrayRecord(server.model.state_dict())
     content = RecordDict(
         {
-            "config": strategy.client_config(1, pid),
+            "config": strategy.client_config(1, pid, ConfigRecord()),
             **strategy.parts.codec.encode(1, pid, start),
         }
     )
-    half = method(cfg["method"]).client_half()(content, RecordDict(), pid)
+    half = method(settings.method).client_half()(content, RecordDict(), pid)
     metrics = half.run()
-    accuracy, _ = evaluate(half.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+    accuracy, _ = evaluate(half.model, server.test_x, server.test_y, settings.eval.batch_size)
     return accuracy, {k: float(v) for k, v in metrics.items()}, half.model.state_dict()
 
 
@@ -67,43 +69,47 @@ def average_accuracy(server: ServerSide, states: list[dict], batch_size: int) ->
     return evaluate(server.model, server.test_x, server.test_y, batch_size)[0]
 
 
-def bootstrapped(cfg: dict) -> tuple[dict, float]:
+def bootstrapped(settings: Settings) -> tuple[dict, float]:
     """The server's model after its bootstrap (state dict) and its test accuracy."""
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
-    method(cfg["method"]).server_half().strategy(server, lambda row: None).parts.trainer.bootstrap()
-    accuracy, _ = evaluate(server.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+    dataset, split = get_split(settings)
+    server = ServerSide.build(settings, dataset, split, torch.device("cpu"))
+    method(settings.method).server_half().strategy(
+        server, lambda row: None
+    ).parts.trainer.bootstrap()
+    accuracy, _ = evaluate(server.model, server.test_x, server.test_y, settings.eval.batch_size)
     return server.model.state_dict(), accuracy
 
 
-def checkpointed(cfg: dict, path: Path) -> tuple[dict, float]:
-    """The global model a run of ``cfg`` kept (federation.checkpoint_every) and its test
+def checkpointed(settings: Settings, path: Path) -> tuple[dict, float]:
+    """The global model a run of ``settings`` kept (federation.checkpoint_every) and its test
     accuracy; SystemExit with one line for another run's checkpoint or none."""
     try:
-        state = kept_checkpoint_state(path, cfg)
+        state = kept_checkpoint_state(path, settings)
     except ConfigError as err:
         raise SystemExit(f"local_drift: {err}") from None
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    dataset, split = get_split(settings)
+    server = ServerSide.build(settings, dataset, split, torch.device("cpu"))
     server.model.load_state_dict(state["model"])
-    accuracy, _ = evaluate(server.model, server.test_x, server.test_y, cfg["eval"]["batch_size"])
+    accuracy, _ = evaluate(server.model, server.test_x, server.test_y, settings.eval.batch_size)
     return server.model.state_dict(), accuracy
 
 
-def drift(cfg: dict, start: dict, steps: int) -> dict:
+def drift(settings: Settings, start: dict, steps: int) -> dict:
     """Every user's round 1 from the model ``start``, with T = ``steps``."""
-    cfg = resolve_config({**cfg, "client": {**cfg["client"], "local_steps": steps}})
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    settings = dataclasses.replace(
+        settings, client=dataclasses.replace(settings.client, local_steps=steps)
+    )
+    dataset, split = get_split(settings)
+    server = ServerSide.build(settings, dataset, split, torch.device("cpu"))
     server.model.load_state_dict(start)
-    strategy = method(cfg["method"]).server_half().strategy(server, lambda row: None)
-    users = [user_round(cfg, server, strategy, pid) for pid in range(len(split.clients))]
+    strategy = method(settings.method).server_half().strategy(server, lambda row: None)
+    users = [user_round(settings, server, strategy, pid) for pid in range(len(split.clients))]
     return {
         "steps": steps,
         "user_accuracy": [acc for acc, _, _ in users],
         "user_metrics": [m for _, m, _ in users],
         "average_accuracy": average_accuracy(
-            server, [s for _, _, s in users], cfg["eval"]["batch_size"]
+            server, [s for _, _, s in users], settings.eval.batch_size
         ),
     }
 
@@ -121,18 +127,23 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    cfg = resolve_experiment(args.experiment, sets=args.sets)
-    client = method(cfg["method"]).client_half()
+    settings = settings_of(resolve_experiment(args.experiment, sets=args.sets))
+    client = method(settings.method).client_half()
     if client is None:
-        raise SystemExit(f"method {cfg['method']!r} has no client half to measure")
+        raise SystemExit(f"method {settings.method!r} has no client half to measure")
     if "client.local_steps" not in client.honours:
-        raise SystemExit(f"method {cfg['method']!r}: its client half does not count local steps")
+        raise SystemExit(f"method {settings.method!r}: its client half does not count local steps")
     if args.checkpoint is None:
-        (start, accuracy), source = bootstrapped(cfg), "after the bootstrap"
+        (start, accuracy), source = bootstrapped(settings), "after the bootstrap"
     else:
-        (start, accuracy), source = checkpointed(cfg, args.checkpoint), f"of {args.checkpoint}"
-    rows = [drift(cfg, start, t) for t in args.steps]
-    report = {"config": cfg, "start": source, "server_accuracy": accuracy, "rows": rows}
+        (start, accuracy), source = checkpointed(settings, args.checkpoint), f"of {args.checkpoint}"
+    rows = [drift(settings, start, t) for t in args.steps]
+    report = {
+        "config": mapping(settings),
+        "start": source,
+        "server_accuracy": accuracy,
+        "rows": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "local_drift.json").write_text(json.dumps(report, indent=1))
     print(f"server model {source}: test accuracy {accuracy:.4f}")

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ssfl.experiment import resolve_experiment
+from ssfl.registry import settings_of
 from strategies.fedossl import SimCLRStart, roles_of
 from strategies.parts import ServerSide
 from tasks.openworld import predict
@@ -44,14 +45,14 @@ def knn_predictions(train_z: torch.Tensor, train_y: torch.Tensor, test_z: torch.
 
 def knn_scores(server: ServerSide, pool: np.ndarray, k: int) -> dict[str, float]:
     """k-NN accuracy on the test set, overall and per class role."""
-    scale = server.cfg["algo"]["logit_scale"]
+    scale = server.settings.algo.logit_scale
     images = to_float(server.dataset.train_x[pool], server.device)
     train_z, _ = predict(server.model, images, scale, 1024)
     test_z, _ = predict(server.model, server.test_x, scale, 1024)
     labels = server.dataset.train_y[pool].to(server.device)
     pred = knn_predictions(train_z, labels, test_z, k)
     right = (pred == server.test_y).float()
-    roles = roles_of(server.cfg, server.dataset.num_classes)
+    roles = roles_of(server.settings, server.dataset.num_classes)
     out = {"all": float(right.mean())}
     for letter, name in (("S", "seen"), ("L", "lu"), ("G", "gu")):
         members = [c for c, r in enumerate(roles) if r == letter]
@@ -68,11 +69,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20, help="neighbours (default 20)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file")
     args = parser.parse_args()
-    cfg = resolve_experiment(args.experiment, sets=args.sets)
-    if not cfg["algo"].get("pretrain_epochs"):
+    settings = settings_of(resolve_experiment(args.experiment, sets=args.sets))
+    if not getattr(settings.algo, "pretrain_epochs", 0):
         parser.error("the experiment runs no SimCLR stage: --set algo.pretrain_epochs=N")
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
+    dataset, split = get_split(settings)
+    server = ServerSide.build(settings, dataset, split, torch.device("cpu"))
     pool = np.unique(np.concatenate([*split.clients, *split.client_labeled]))
     before = knn_scores(server, pool, args.k)
     stage = SimCLRStart(server)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ssfl.experiment import resolve_experiment
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from strategies.parts import ServerSide
 from tasks.augment import WeakAugment
 from tasks.partition import get_split
@@ -49,16 +49,18 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    cfg = resolve_experiment(args.experiment, sets=args.sets)
-    ds, split = get_split(cfg)
+    settings = settings_of(resolve_experiment(args.experiment, sets=args.sets))
+    ds, split = get_split(settings)
     device = torch.device("cpu")
-    server = ServerSide.build(cfg, ds, split, device)
-    method(cfg["method"]).server_half().strategy(server, lambda row: None).parts.trainer.bootstrap()
-    bs = cfg["eval"]["batch_size"]
+    server = ServerSide.build(settings, ds, split, device)
+    method(settings.method).server_half().strategy(
+        server, lambda row: None
+    ).parts.trainer.bootstrap()
+    bs = settings.eval.batch_size
     test_acc, _ = evaluate(server.model, server.test_x, server.test_y, bs)
-    with seeded(cfg["seed"]):
-        weak = WeakAugment(ds.image_size, ds.flip, cfg["augment"]["weak_shift"])
-        k, threshold = ds.num_classes, cfg["algo"]["threshold"]
+    with seeded(settings.seed):
+        weak = WeakAugment(ds.image_size, ds.flip, settings.augment.weak_shift)
+        k, threshold = ds.num_classes, settings.algo.threshold
         users = [
             user_pseudo_labels(
                 server.model,

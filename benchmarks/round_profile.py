@@ -59,9 +59,11 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.peak_memory import tree  # noqa: E402
 from ssfl.experiment import check_data, resolve_experiment  # noqa: E402
+from ssfl.registry import settings_of  # noqa: E402
 from tasks.augment import RandAugment, StrongAugment, WeakAugment  # noqa: E402
+from tasks.settings import Settings  # noqa: E402
 from tasks.train import keep_freed_memory, resolve_device  # noqa: E402
-from tests.harness import InProcessGrid, build_strategy  # noqa: E402
+from tests.harness import InProcessGrid, strategy_of  # noqa: E402
 
 AUGMENTERS = (WeakAugment, RandAugment, StrongAugment)
 PHASES = ("clients", "server training", "aggregation", "evaluation", "messages", "loop")
@@ -208,8 +210,8 @@ class ProfiledGrid(InProcessGrid):
             return super().handle(msg)
 
 
-def profiled_rounds(cfg: dict[str, Any]) -> tuple[list[RoundTrace], dict[str, nn.Module]]:
-    """Run ``cfg`` in this process with the profiler; one trace per round."""
+def profiled_rounds(settings: Settings) -> tuple[list[RoundTrace], dict[str, nn.Module]]:
+    """Run ``settings`` in this process with the profiler; one trace per round."""
     from client_app.base import ClientHalf
 
     profiler = Profiler()
@@ -222,14 +224,14 @@ def profiled_rounds(cfg: dict[str, Any]) -> tuple[list[RoundTrace], dict[str, nn
         profiler.trace = RoundTrace()
         started[0] = time.perf_counter()
 
-    strategy = build_strategy(cfg, on_round)
+    strategy = strategy_of(settings, on_round)
     parts = strategy.parts
     wrap(parts.trainer, "train", profiler, "server training")
     wrap(parts.trainer, "bootstrap", profiler, "server training")
     if parts.aggregator is not None:
         wrap(parts.aggregator, "aggregate", profiler, "aggregation")
     wrap(parts.evaluator, "evaluate", profiler, "evaluation")
-    wrap(strategy.protocols, "evaluate", profiler, "evaluation")
+    wrap(parts.evaluator.protocols, "evaluate", profiler, "evaluation")
     wrap(parts.codec, "encode", profiler, "messages")
     original_init = ClientHalf.__init__
 
@@ -239,14 +241,14 @@ def profiled_rounds(cfg: dict[str, Any]) -> tuple[list[RoundTrace], dict[str, nn
 
     ClientHalf.__init__ = init  # type: ignore[method-assign]
     undo = profiler.install()
-    grid = ProfiledGrid(cfg["split"]["num_clients"], profiler)
+    grid = ProfiledGrid(settings.split.num_clients, profiler)
     try:
         with profiler.in_phase("loop"):
             strategy.parts.trainer.bootstrap()
         profiler.trace = RoundTrace()
         started = [time.perf_counter()]
         profiler.mark = started[0]
-        strategy.start(grid, num_rounds=cfg["rounds"])
+        strategy.start(grid, num_rounds=settings.rounds)
     finally:
         undo()
         ClientHalf.__init__ = original_init  # type: ignore[method-assign]
@@ -577,10 +579,10 @@ def main() -> None:
     args = parse_args()
     if args.rounds < 1:
         raise SystemExit("round_profile: --rounds must be >= 1")
-    cfg = resolve_experiment(args.experiment, args.rounds, None, args.sets)
-    if resolve_device(cfg["device"]).type != "cpu":
+    settings = settings_of(resolve_experiment(args.experiment, args.rounds, None, args.sets))
+    if resolve_device(settings.device).type != "cpu":
         raise SystemExit("round_profile: profiles CPU runs only (set device: cpu)")
-    check_data(cfg)
+    check_data(settings)
     if args.startup_only:
         startup_report(args.experiment, args.rounds, args.sets, args.json)
         return
@@ -589,8 +591,8 @@ def main() -> None:
     parallel = max(
         1,
         min(
-            cfg["federation"]["clients_per_round"] or cfg["split"]["num_clients"],
-            cores // cfg["simulation"]["num_cpus"],
+            settings.federation.clients_per_round or settings.split.num_clients,
+            cores // settings.simulation.num_cpus,
         ),
     )
     if args.flower_from is None:
@@ -598,12 +600,12 @@ def main() -> None:
     else:
         flower = earlier_flower(args.flower_from, args.experiment, args.rounds, args.sets)
     torch.set_num_threads(1)
-    traces, models = profiled_rounds(cfg)
+    traces, models = profiled_rounds(settings)
     steady_trace = median_trace(traces)
     bare = bare_round(steady_trace, models, parallel, cores)
     report = {
         "experiment": args.experiment,
-        "method": cfg["method"],
+        "method": settings.method,
         "rounds": args.rounds,
         "sets": args.sets,
         "cores": cores,

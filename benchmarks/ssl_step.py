@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from ssfl.experiment import resolve_experiment
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from strategies.loop import RoundStats
 from strategies.parts import ServerSide
 from tasks.partition import get_split
@@ -34,24 +34,26 @@ CELLS = ("fixmatch", "fedsup", "simclr", "simsiam", "byol")
 
 def client_for(name: str, steps: int):
     """The cell's client half for partition 0 in round 1, as a message would build it."""
-    cfg = resolve_experiment(
-        ROOT / f"experiments/fmnist-fedsup/{name}.yaml",
-        sets=[
-            "dataset.name=synthetic28",
-            "dataset.synthetic_train_size=60000",
-            "dataset.synthetic_test_size=5000",
-            "client.epochs=0",
-            f"client.local_steps={steps}",
-            "device=cpu",
-        ],
+    settings = settings_of(
+        resolve_experiment(
+            ROOT / f"experiments/fmnist-fedsup/{name}.yaml",
+            sets=[
+                "dataset.name=synthetic28",
+                "dataset.synthetic_train_size=60000",
+                "dataset.synthetic_test_size=5000",
+                "client.epochs=0",
+                f"client.local_steps={steps}",
+                "device=cpu",
+            ],
+        )
     )
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    spec = method(cfg["method"])
+    ds, split = get_split(settings)
+    server = ServerSide.build(settings, ds, split, torch.device("cpu"))
+    spec = method(settings.method)
     strategy = spec.server_half().strategy(server, lambda row: None)
-    strategy.nodes = {pid: pid for pid in range(cfg["split"]["num_clients"])}
+    strategy.nodes = {pid: pid for pid in range(settings.split.num_clients)}
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # no SuperLink
-    message = strategy.messages(1, server.arrays(), RoundStats())[0]
+    message = strategy.messages(1, server.arrays(), ConfigRecord(), RoundStats())[0]
     pid = message.metadata.dst_node_id
     return lambda: spec.client_half()(message.content, RecordDict(), pid)
 

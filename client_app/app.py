@@ -8,7 +8,7 @@ from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
 from client_app.state import restore_state, save_state, state_folder
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from tasks.train import keep_freed_memory
 
 app = ClientApp()
@@ -29,10 +29,10 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Local training of the method named in the round's config."""
     keep_freed_memory()
-    cfg = parse_config(str(msg.content["config"]["ssfl-config"]))
-    client_class = method(cfg["method"]).client_half()
+    name = settings_of(parse_config(str(msg.content["config"]["ssfl-config"]))).method
+    client_class = method(name).client_half()
     if client_class is None:
-        raise ValueError(f"method {cfg['method']!r} has no client half")
+        raise ValueError(f"method {name!r} has no client half")
     node = node_from_config(context.node_config)
     folder = state_folder(context.node_config, context.run_config, node.partition_id)
     server_round = int(msg.content["config"]["round"])

@@ -27,8 +27,8 @@ from ssfl.registry import settings_of
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
-from tasks.partition import get_split, stream_slice, stream_step
-from tasks.settings import SplitSettings
+from tasks.partition import split_key, split_of_key, stream_slice, stream_step
+from tasks.settings import Settings, SplitSettings
 from tasks.train import (
     DEVICE_RECORD,
     autocast,
@@ -102,9 +102,8 @@ PARTITIONS_CACHED = 32
 
 
 @functools.lru_cache(maxsize=PARTITIONS_CACHED)
-def _client_data(config_text: str, partition_id: int, device: str) -> ClientData:
-    cfg = parse_config(config_text)
-    ds, split = get_split(cfg)
+def _client_data(key: str, partition_id: int, device: str) -> ClientData:
+    ds, split = split_of_key(key)
     if not 0 <= partition_id < len(split.clients):
         raise ValueError(
             f"partition-id {partition_id} outside the split's {len(split.clients)} clients"
@@ -148,15 +147,14 @@ def _folder_data(dataset: str, data_path: str, partition_id: int, device: str) -
 
 
 def client_data(
-    config_text: str, partition_id: int, device: torch.device, data_path: str = ""
+    settings: Settings, partition_id: int, device: torch.device, data_path: str = ""
 ) -> ClientData:
-    """The node's data, loaded once per process: its partition (cache keyed by config), or
-    with ``data_path`` its own unlabeled images in the format of the experiment's dataset."""
-    cfg = parse_config(config_text)
+    """The node's data, loaded once per process: its partition (cache keyed by the split's
+    inputs), or with ``data_path`` its own unlabeled images in the format of the
+    experiment's dataset."""
     if data_path:
-        return _folder_data(cfg["dataset"]["name"], data_path, partition_id, str(device))
-    key = json.dumps({k: cfg[k] for k in ("dataset", "split", "seed")}, sort_keys=True)
-    return _client_data(key, partition_id, str(device))
+        return _folder_data(settings.dataset.name, data_path, partition_id, str(device))
+    return _client_data(split_key(settings), partition_id, str(device))
 
 
 def streamed(data: ClientData, split: SplitSettings, server_round: int) -> ClientData:
@@ -205,7 +203,7 @@ class ClientHalf(ABC):
         self.state = state
         self.device = resolve_device(self.settings.device)
         self.data = streamed(
-            client_data(str(self.config["ssfl-config"]), partition_id, self.device, data_path),
+            client_data(self.settings, partition_id, self.device, data_path),
             self.settings.split,
             self.round,
         )

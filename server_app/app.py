@@ -12,7 +12,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ssfl.experiment import default_out, from_run_config
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from strategies.loop import RunStalled
 from strategies.parts import ServerSide
 from tasks.checkpoint import CHECKPOINT_FILE, load_checkpoint
@@ -30,12 +30,12 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     entered = time.time()
     keep_freed_memory()
-    cfg = from_run_config(context.run_config, APP_DIR)
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, resolve_device(cfg["device"]))
-    out = Path(str(context.run_config.get("out-dir", "")) or default_out(cfg))
-    recorder = Recorder(out, cfg, split.summary)
-    strategy = method(server.settings.method).server_half().strategy(server, recorder.add_round)
+    settings = settings_of(from_run_config(context.run_config, APP_DIR))
+    dataset, split = get_split(settings)
+    server = ServerSide.build(settings, dataset, split, resolve_device(settings.device))
+    out = Path(str(context.run_config.get("out-dir", "")) or default_out(settings))
+    recorder = Recorder(out, settings, split.summary)
+    strategy = method(settings.method).server_half().strategy(server, recorder.add_round)
     recorder.timeline = strategy.timeline
     recorder.devices = strategy.devices
     strategy.timeline.update(server_main=entered, server_built=time.time())
@@ -44,11 +44,10 @@ def main(grid: Grid, context: Context) -> None:
         strategy.resume_from(load_checkpoint(strategy.checkpoint_path))
         recorder.resume(strategy.rows)
     try:
-        settings = server.settings
         strategy.start(grid, num_rounds=settings.rounds, timeout=settings.federation.timeout_s)
     except RunStalled as err:
-        save_model(server.model, cfg, dataset, recorder.rows, out / MODEL_FILE)
+        save_model(server.model, settings, dataset, recorder.rows, out / MODEL_FILE)
         recorder.finish(failure=str(err))
         raise
-    save_model(server.model, cfg, dataset, recorder.rows, out / MODEL_FILE)
+    save_model(server.model, settings, dataset, recorder.rows, out / MODEL_FILE)
     recorder.finish()

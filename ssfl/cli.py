@@ -19,25 +19,32 @@ from ssfl.experiment import (
     resolve_experiment,
 )
 from ssfl.lifecycle import RunInterrupted, remove_stale_folders, stop_signals
+from ssfl.registry import settings_of
 from tasks.config import ConfigError
+from tasks.settings import Settings
 
 
-def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+def experiment_settings(args: argparse.Namespace) -> Settings:
+    """The experiment the command line names, with --rounds, --nodes and --set, checked."""
+    return settings_of(resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or []))
+
+
+def prepare(args: argparse.Namespace) -> tuple[Settings, Path]:
     """The resolved experiment and its output folder; bad config or data fail here."""
     from ssfl.runner import toml_str
 
-    cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
-    out = Path(args.out) if args.out else default_out(cfg)
+    settings = experiment_settings(args)
+    out = Path(args.out) if args.out else default_out(settings)
     toml_str(str(out.resolve()))  # a path Flower's run-config cannot carry fails here
-    resumed = f", resumed after round {check_resumable(out, cfg)}" if args.resume else ""
-    summary = check_data(cfg)
+    resumed = f", resumed after round {check_resumable(out, settings)}" if args.resume else ""
+    summary = check_data(settings)
     print(
-        f"ssfl: {cfg['method']} on {cfg['dataset']['name']} ({summary['partitioner']}, "
-        f"R={summary['noniid_r']:.3f}), {cfg['split']['num_clients']} clients, "
-        f"{cfg['rounds']} rounds{resumed} -> {out}",
+        f"ssfl: {settings.method} on {settings.dataset.name} ({summary['partitioner']}, "
+        f"R={summary['noniid_r']:.3f}), {settings.split.num_clients} clients, "
+        f"{settings.rounds} rounds{resumed} -> {out}",
         file=sys.stderr,
     )
-    return cfg, out
+    return settings, out
 
 
 def precheck(args: argparse.Namespace) -> None:
@@ -46,8 +53,7 @@ def precheck(args: argparse.Namespace) -> None:
     share); the data are checked while the SuperLink boots."""
     from ssfl.gpu import check_run_device, gpu_count
 
-    cfg = resolve_experiment(args.experiment, args.rounds, args.nodes, args.set or [])
-    check_run_device(cfg, gpu_count())
+    check_run_device(experiment_settings(args), gpu_count())
 
 
 def report(results: dict[str, Any], out: Path) -> None:
@@ -67,9 +73,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_out_arg(args)  # before the SuperLink boots
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:
-        cfg, out = prepare(args)
+        settings, out = prepare(args)
         results = run_simulation(
-            cfg, out, stream=not args.quiet, resume=args.resume, link=link, loggers=loggers
+            settings, out, stream=not args.quiet, resume=args.resume, link=link, loggers=loggers
         )
     except RunFailed as err:
         print(f"ssfl: run failed: {err}", file=sys.stderr)
@@ -106,11 +112,11 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
     from ssfl.runner import RunFailed
 
     check_out_arg(args)
-    cfg, out = prepare(args)
-    node_data = parse_node_data(args.node_data or [], cfg["split"]["num_clients"])
+    settings, out = prepare(args)
+    node_data = parse_node_data(args.node_data or [], settings.split.num_clients)
     try:
         results = run_deployment(
-            cfg, out, node_data=node_data, stream=not args.quiet, resume=args.resume
+            settings, out, node_data=node_data, stream=not args.quiet, resume=args.resume
         )
     except RunFailed as err:
         print(f"ssfl: deployment failed: {err}", file=sys.stderr)

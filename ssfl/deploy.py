@@ -36,6 +36,7 @@ from ssfl.runner import (
     write_resolved,
 )
 from tasks.checkpoint import CLIENT_STATE_DIR
+from tasks.settings import Settings
 
 SUPERLINK = "deploy-local"  # the Flower CLI's name for the SuperLink connection
 
@@ -207,7 +208,7 @@ def last_error(log: Path) -> str:
 
 
 def run_deployment(
-    cfg: Mapping[str, Any],
+    settings: Settings,
     out: Path,
     *,
     node_data: Mapping[int, str] | None = None,
@@ -225,11 +226,11 @@ def run_deployment(
     """
     out = Path(out).resolve()
     with record_interruption(out):
-        return deploy(cfg, out, node_data, stream, app_dir, resume)
+        return deploy(settings, out, node_data, stream, app_dir, resume)
 
 
 def deploy(
-    cfg: Mapping[str, Any],
+    settings: Settings,
     out: Path,
     node_data: Mapping[int, str] | None,
     stream: bool,
@@ -237,9 +238,9 @@ def deploy(
     resume: bool,
 ) -> dict[str, Any]:
     """The body of :func:`run_deployment`: start the processes, submit, stop them all."""
-    exp = write_resolved(cfg, out)
+    exp = write_resolved(settings, out)
     prepare_out(out, resume)
-    num_nodes = cfg["split"]["num_clients"]
+    num_nodes = settings.split.num_clients
     home = owned_temp_dir("deploy-")
     deployment = LocalDeployment.create(home, out / "logs")
     try:
@@ -249,7 +250,7 @@ def deploy(
         for k, (private, _) in enumerate(keys):
             data_path = (node_data or {}).get(k, "")
             config = node_config(k, num_nodes, data_path, str(out / CLIENT_STATE_DIR))
-            threads = cfg["simulation"]["num_cpus"]
+            threads = settings.simulation.num_cpus
             deployment.start_node(f"supernode-{k}", private, config, threads)
         # The ServerApp waits until all nodes are connected; a process that dies meanwhile
         # (a refused node, a crash) stops everything at once.

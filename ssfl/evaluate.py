@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from tasks.config import ConfigError, deep_merge, read_yaml
+from tasks.settings import Settings
 
 # --split: which of the server's image sets the model is evaluated on.
 SPLITS = ("test", "val", "labeled")
 RUN_CONFIG = "config.yaml"
 
 
-def run_config(run_dir: Path, dataset: str | None) -> dict[str, Any]:
+def run_config(run_dir: Path, dataset: str | None) -> Settings:
     """The resolved experiment of a run folder (its config.yaml), on ``dataset`` if given."""
     path = run_dir / RUN_CONFIG
     if not path.is_file():
@@ -28,7 +30,7 @@ def run_config(run_dir: Path, dataset: str | None) -> dict[str, Any]:
     raw = read_yaml(path)
     if dataset:
         raw = deep_merge(raw, {"dataset": {"name": dataset}})
-    return resolve_config(raw)
+    return settings_of(resolve_config(raw))
 
 
 def kept_model(run_dir: Path) -> dict[str, Any]:
@@ -65,17 +67,17 @@ def evaluate_run(run_dir: Path, dataset: str | None = None, split: str = "test")
 
     if split not in SPLITS:
         raise ConfigError(f"--split {split!r}: choose one of {', '.join(SPLITS)}")
-    cfg = run_config(run_dir, dataset)
+    settings = run_config(run_dir, dataset)
     record = kept_model(run_dir)
-    data, indices = get_split(cfg)
+    data, indices = get_split(settings)
     check_image_format(record, data)
-    device = resolve_device(cfg["device"])
-    server = ServerSide.build(cfg, data, indices, device)
+    device = resolve_device(settings.device)
+    server = ServerSide.build(settings, data, indices, device)
     x, y = getattr(server, f"{split}_x"), getattr(server, f"{split}_y")
     if len(y) == 0:
         raise ConfigError(f"--split {split}: this run's server holds no {split} images")
     server = dataclasses.replace(server, test_x=x, test_y=y)
-    evaluator = method(cfg["method"]).server_half().parts(server).evaluator
+    evaluator = method(settings.method).server_half().parts(server).evaluator
     metrics = evaluator.evaluate(rebuild(record).to(device))
     shown = {k: v for k, v in metrics.items() if not k.startswith("best_")}
     return {

@@ -26,7 +26,16 @@ from tasks.config import (
     resolve,
 )
 from tasks.results import completed, load_results
-from tasks.settings import Settings, choices_of, defaults_of, rules_of, typed
+from tasks.settings import (
+    ClientSettings,
+    ModelSettings,
+    Settings,
+    choices_of,
+    defaults_of,
+    mapping,
+    rules_of,
+    typed,
+)
 
 # The installed app: its shipped experiments are found from any folder.
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -68,32 +77,33 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     }
     own = deep_merge(server.defaults(), {"algo": defaults_of(algo)})
     cfg = resolve(raw, own, choices, rules_of(algo, "algo."))
-    check_head_size(cfg["model"]["head_size"], dataset_info(cfg["dataset"]["name"]).num_classes)
+    settings = typed(Settings, cfg, algo)
+    check_head_size(settings.model.head_size, dataset_info(settings.dataset.name).num_classes)
     check_client_options(name, cfg, spec.client_half())
-    check_ssl_heads(name, cfg, server.ssl_heads)
-    if cfg["split"]["scenario"] == "open_world" and not server.open_world:
+    check_ssl_heads(name, settings.model, server.ssl_heads)
+    if settings.split.scenario == "open_world" and not server.open_world:
         raise ConfigError(
             f"config key 'split.scenario': method {name!r} does not train on the open_world "
             "split (fedossl does)"
         )
-    server.check_config(typed(Settings, cfg, algo))
-    check_clients_train(name, cfg, spec.client_half())
+    server.check_config(settings)
+    check_clients_train(name, settings.client, spec.client_half())
     return cfg
 
 
-def check_clients_train(name: str, cfg: Mapping[str, Any], client: Any) -> None:
+def check_clients_train(name: str, half: ClientSettings, client: Any) -> None:
     """Refuse a round in which a method's clients would not train at all."""
-    if client is not None and cfg["client"]["epochs"] == 0 and cfg["client"]["local_steps"] == 0:
+    if client is not None and half.epochs == 0 and half.local_steps == 0:
         raise ConfigError(
             f"config keys 'client.epochs' and 'client.local_steps': {name!r} trains on its "
             "clients; one of them must be > 0"
         )
 
 
-def check_ssl_heads(name: str, cfg: Mapping[str, Any], trained: frozenset[str]) -> None:
+def check_ssl_heads(name: str, model: ModelSettings, trained: frozenset[str]) -> None:
     """Refuse a projector or predictor the method would carry but never train."""
     for key in ("projector_dim", "predictor_dim"):
-        if cfg["model"][key] and f"model.{key}" not in trained:
+        if getattr(model, key) and f"model.{key}" not in trained:
             raise ConfigError(
                 f"config key 'model.{key}': method {name!r} does not train one; set it to 0"
             )
@@ -192,7 +202,7 @@ def resolve_experiment(
         if raw["method"] == own:
             raise
         raise ConfigError(f"{err}; {method_swap_hint(path, own, raw['method'])}") from err
-    cfg["dataset"]["root"] = str(data_root(cfg))
+    cfg["dataset"]["root"] = str(data_root(cfg["dataset"]["root"]))
     return cfg
 
 
@@ -205,21 +215,21 @@ def from_run_config(run_config: Mapping[str, Any], app_dir: Path) -> dict[str, A
     return resolve_config(raw)
 
 
-def check_data(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def check_data(settings: Settings) -> dict[str, Any]:
     """Load the dataset and build the split now, so bad data fails before any training."""
     from tasks.partition import get_split
 
-    _, split = get_split(cfg)
+    _, split = get_split(settings)
     return split.summary
 
 
-def same_config(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+def same_config(recorded: Mapping[str, Any], settings: Settings) -> bool:
     """Whether a results.json's config is this config (execution keys aside)."""
-    return not config_differences(recorded, cfg)
+    return not config_differences(recorded, settings)
 
 
-def config_differences(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
-    """The dotted keys whose values differ between a recorded config and ``cfg``, execution
+def config_differences(recorded: Mapping[str, Any], settings: Settings) -> list[str]:
+    """The dotted keys whose values differ between a recorded config and ``settings``, execution
     keys aside (["<recorded config>"] when the recorded one no longer resolves).
 
     The recorded config is resolved again first, so keys added to the defaults since
@@ -234,19 +244,19 @@ def config_differences(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> l
         flat = flatten(json.loads(json.dumps(c)))
         return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
 
-    old, new = comparable(recorded), comparable(cfg)
+    old, new = comparable(recorded), comparable(mapping(settings))
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def check_resumable(out: Path, cfg: Mapping[str, Any]) -> int:
-    """The round a run in ``out`` can resume from with ``cfg`` (its checkpoint's); a
+def check_resumable(out: Path, settings: Settings) -> int:
+    """The round a run in ``out`` can resume from with ``settings`` (its checkpoint's); a
     ConfigError when there is no readable checkpoint or its config differs (keys named)."""
     from tasks.checkpoint import CHECKPOINT_FILE
 
     path = Path(out) / CHECKPOINT_FILE
     checkpoint = run_checkpoint(
         path,
-        cfg,
+        settings,
         "--resume",
         "resume needs the --out of a run that completed a round",
         "resume with the same experiment and options, or start over without --resume",
@@ -255,9 +265,9 @@ def check_resumable(out: Path, cfg: Mapping[str, Any]) -> int:
 
 
 def run_checkpoint(
-    path: Path, cfg: Mapping[str, Any], who: str, missing_hint: str, differ_hint: str
+    path: Path, settings: Settings, who: str, missing_hint: str, differ_hint: str
 ) -> dict[str, Any]:
-    """The checkpoint at ``path`` when it was written by a run of ``cfg`` (execution keys
+    """The checkpoint at ``path`` when it was written by a run of ``settings`` (execution keys
     aside); otherwise a one-line ConfigError, prefixed by ``who``, naming the keys."""
     from tasks.checkpoint import CheckpointError, load_checkpoint
 
@@ -265,7 +275,7 @@ def run_checkpoint(
         checkpoint = load_checkpoint(path)
     except CheckpointError as err:
         raise ConfigError(f"{who}: {err}; {missing_hint}") from err
-    differ = config_differences(json.loads(checkpoint["config"]), cfg)
+    differ = config_differences(json.loads(checkpoint["config"]), settings)
     if differ:
         raise ConfigError(
             f"{who}: the config differs from the checkpoint's ({path}) in {', '.join(differ)}; "
@@ -274,36 +284,36 @@ def run_checkpoint(
     return checkpoint
 
 
-def kept_checkpoint_state(path: Path, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def kept_checkpoint_state(path: Path, settings: Settings) -> dict[str, Any]:
     """A kept checkpoint (federation.checkpoint_every) a benchmark's ``--checkpoint`` names,
-    when a run of ``cfg`` wrote it; otherwise a one-line ConfigError."""
+    when a run of ``settings`` wrote it; otherwise a one-line ConfigError."""
     return run_checkpoint(
         Path(path),
-        cfg,
+        settings,
         "--checkpoint",
         "give a checkpoint a run of this experiment wrote",
         "give the experiment and --set options of the run that wrote it",
     )
 
 
-def reusable(results: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+def reusable(results: Mapping[str, Any], settings: Settings) -> bool:
     """Whether a results.json is of a completed run of this config (sweep and reproduce
     reuse such a run instead of training again)."""
-    return completed(results) and same_config(results.get("config", {}), cfg)
+    return completed(results) and same_config(results.get("config", {}), settings)
 
 
-def reusable_run(out: Path, cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The results of ``out`` when :func:`reusable` for ``cfg``; None when there are none
+def reusable_run(out: Path, settings: Settings) -> dict[str, Any] | None:
+    """The results of ``out`` when :func:`reusable` for ``settings``; None when there are none
     or they are of another config or an unfinished run."""
     if not (out / "results.json").is_file():
         return None
     results = load_results(out)
-    return results if reusable(results, cfg) else None
+    return results if reusable(results, settings) else None
 
 
-def default_out(cfg: Mapping[str, Any]) -> Path:
+def default_out(settings: Settings) -> Path:
     """runs/<name or method>-<time> under the current directory."""
-    label = cfg["name"] or cfg["method"]
+    label = settings.name or settings.method
     return Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -362,15 +372,15 @@ class CellFolders:
     overwrite: bool = False
     check_only: bool = False
 
-    def action(self, out: Path, cfg: Mapping[str, Any]) -> str:
-        """'resume' or 'run' for a cell whose folder holds no reusable run of ``cfg``; a
+    def action(self, out: Path, settings: Settings) -> str:
+        """'resume' or 'run' for a cell whose folder holds no reusable run of ``settings``; a
         one-line ConfigError when it holds another run and no flag says what to do."""
         check_out_path(out)
         held = held_run(out)
         if held is None or self.overwrite:
             return "run"
         if self.resume:
-            check_resumable(out, cfg)
+            check_resumable(out, settings)
             return "resume"
         raise ConfigError(
             f"cell folder {out} holds {held}; continue it with --resume, replace it with "

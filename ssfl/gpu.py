@@ -10,10 +10,9 @@ clients of a round (at most one GPU each), so that a whole round trains at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from tasks.config import ConfigError
+from tasks.settings import Settings
 
 # simulation.num_gpus's default: the share is picked by :func:`client_gpu_share`.
 AUTO_SHARE = -1.0
@@ -28,9 +27,9 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def clients_a_round(cfg: Mapping[str, Any]) -> int:
+def clients_a_round(settings: Settings) -> int:
     """Clients sampled each round: federation.clients_per_round, 0 meaning all."""
-    return cfg["federation"]["clients_per_round"] or cfg["split"]["num_clients"]
+    return settings.federation.clients_per_round or settings.split.num_clients
 
 
 def auto_share(gpus: int, clients: int) -> float:
@@ -40,15 +39,15 @@ def auto_share(gpus: int, clients: int) -> float:
     return max(SHARE_STEP, math.floor(share / SHARE_STEP) * SHARE_STEP)
 
 
-def client_gpu_share(cfg: Mapping[str, Any], gpus: int) -> float:
+def client_gpu_share(settings: Settings, gpus: int) -> float:
     """The GPU share of every client actor: simulation.num_gpus when set (>= 0), else
     (auto) 0 on ``device: cpu`` or without a GPU, and :func:`auto_share` otherwise."""
-    share = float(cfg["simulation"]["num_gpus"])
+    share = float(settings.simulation.num_gpus)
     if share != AUTO_SHARE:
         return share
-    if cfg["device"] == "cpu" or gpus == 0:
+    if settings.device == "cpu" or gpus == 0:
         return 0.0
-    return auto_share(gpus, clients_a_round(cfg))
+    return auto_share(gpus, clients_a_round(settings))
 
 
 def check_cuda(device: str, num_gpus: float, gpus: int) -> None:
@@ -68,8 +67,8 @@ def check_cuda(device: str, num_gpus: float, gpus: int) -> None:
         )
 
 
-def check_run_device(cfg: Mapping[str, Any], gpus: int) -> float:
+def check_run_device(settings: Settings, gpus: int) -> float:
     """The clients' GPU share of a resolved experiment, after :func:`check_cuda`."""
-    share = client_gpu_share(cfg, gpus)
-    check_cuda(cfg["device"], share, gpus)
+    share = client_gpu_share(settings, gpus)
+    check_cuda(settings.device, share, gpus)
     return share

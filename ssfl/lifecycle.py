@@ -161,21 +161,24 @@ def interrupted_results(out: Path) -> dict | None:
     ``"status": "interrupted"`` (None when no round completed: nothing to resume)."""
     import json
 
+    from ssfl.registry import settings_of
     from tasks.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+    from tasks.settings import mapping
 
     try:
         checkpoint = load_checkpoint(out / CHECKPOINT_FILE)
     except CheckpointError:
         return None
-    cfg, rows = json.loads(checkpoint["config"]), json.loads(checkpoint["rows"])
+    settings = settings_of(json.loads(checkpoint["config"]))
+    rows = json.loads(checkpoint["rows"])
     accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
     return {
         "status": "interrupted",
-        "method": cfg["method"],
-        "name": cfg["name"],
-        "dataset": cfg["dataset"]["name"],
-        "seed": cfg["seed"],
-        "config": cfg,
+        "method": settings.method,
+        "name": settings.name,
+        "dataset": settings.dataset.name,
+        "seed": settings.seed,
+        "config": mapping(settings),
         "rounds_done": int(checkpoint["round"]),
         "rounds": rows,
         "final_test_accuracy": accs[-1] if accs else None,

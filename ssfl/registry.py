@@ -80,4 +80,4 @@ def method(name: str) -> Method:
 
 def settings_of(cfg: Mapping[str, Any]) -> Settings:
     """The typed settings of a checked config (its method's ``algo`` class)."""
-    return typed(Settings, cfg, method(cfg["method"]).settings_class())
+    return typed(Settings, cfg, lambda name: method(name).settings_class())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
+from ssfl.registry import settings_of
 from ssfl.runner import run_simulation
 from tasks.config import ConfigError
 from tasks.results import plot_curves
@@ -311,18 +312,18 @@ def run_cell(
 ) -> dict[str, Any] | None:
     """The cell's results: reused when made with the same config, else run, resumed or
     refused as ``folders`` says (None: not run)."""
-    cfg = resolve_experiment(experiment, rounds, None, overrides)
-    previous = reusable_run(out, cfg)
+    settings = settings_of(resolve_experiment(experiment, rounds, None, overrides))
+    previous = reusable_run(out, settings)
     if previous is not None or not run:
         return previous
-    action = folders.action(out, cfg)
+    action = folders.action(out, settings)
     if folders.check_only:
         return None
-    check_data(cfg)
+    check_data(settings)
     print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
     if action == "resume":
-        return run_simulation(cfg, out, stream=False, resume=True)
-    return run_simulation(cfg, out, stream=False)
+        return run_simulation(settings, out, stream=False, resume=True)
+    return run_simulation(settings, out, stream=False)
 
 
 Results = dict[tuple[str, str], dict[int | None, dict[str, Any]]]

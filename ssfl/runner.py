@@ -36,6 +36,7 @@ from ssfl.lifecycle import (
     run_tag,
     stop_grace,
 )
+from tasks.settings import Settings, mapping
 
 # Names only; tasks.checkpoint would import torch, which the CLI imports after it has
 # started the SuperLink booting (a test keeps the two equal).
@@ -370,11 +371,11 @@ class LocalSuperLink:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-def write_resolved(cfg: Mapping[str, Any], out: Path) -> Path:
+def write_resolved(settings: Settings, out: Path) -> Path:
     """The resolved experiment, saved beside the results; the run reads this file."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.yaml"
-    path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
+    path.write_text(yaml.safe_dump(mapping(settings), sort_keys=False))
     return path
 
 
@@ -499,7 +500,7 @@ def submit_run(
 
 
 def run_simulation(
-    cfg: Mapping[str, Any],
+    settings: Settings,
     out: Path,
     *,
     stream: bool = True,
@@ -517,12 +518,12 @@ def run_simulation(
     stopped, results.json records the interrupted run."""
     from ssfl.gpu import check_run_device, gpu_count
 
-    share = check_run_device(cfg, gpu_count())  # a refused device starts nothing
+    share = check_run_device(settings, gpu_count())  # a refused device starts nothing
     link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
     with record_interruption(out):
         try:
-            exp = write_resolved(cfg, out)
+            exp = write_resolved(settings, out)
             prepare_out(out, resume)
             link.wait_ready()
             return submit_run(
@@ -530,7 +531,7 @@ def run_simulation(
                 link.env,
                 exp,
                 out,
-                extra=["--federation-config", federation_config(cfg, share)],
+                extra=["--federation-config", federation_config(settings, share)],
                 stream=stream,
                 app_dir=app_dir,
                 watch=link.check,
@@ -542,17 +543,17 @@ def run_simulation(
             link.close(out)
 
 
-def federation_config(cfg: Mapping[str, Any], gpu_share: float | None = None) -> str:
+def federation_config(settings: Settings, gpu_share: float | None = None) -> str:
     """The simulation's --federation-config: one SuperNode per client and its resources
     (``gpu_share``: each client actor's GPU share, default simulation.num_gpus's share
     on this machine, see :mod:`ssfl.gpu`)."""
     if gpu_share is None:
         from ssfl.gpu import client_gpu_share, gpu_count
 
-        gpu_share = client_gpu_share(cfg, gpu_count())
+        gpu_share = client_gpu_share(settings, gpu_count())
     return (
-        f"num-supernodes={cfg['split']['num_clients']} "
-        f"client-resources-num-cpus={cfg['simulation']['num_cpus']} "
+        f"num-supernodes={settings.split.num_clients} "
+        f"client-resources-num-cpus={settings.simulation.num_cpus} "
         f"client-resources-num-gpus={float(gpu_share)}"
     )
 

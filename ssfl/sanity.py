@@ -43,6 +43,7 @@ from tasks.losses import (
     tsa_threshold,
 )
 from tasks.models import model_for
+from tasks.settings import Settings, mapping
 from tasks.train import (
     cosine_warmup_lr,
     derive_seed,
@@ -114,13 +115,13 @@ class Block:
         }
 
 
-def sanity_config(method: str, dataset: str, sets: list[str]) -> dict[str, Any]:
+def sanity_config(method: str, dataset: str, sets: list[str]) -> Settings:
     """The method's experiment with ``dataset`` and the ``--set`` overrides."""
     if method not in SANITY_METHODS:
         allowed = ", ".join(sorted(SANITY_METHODS))
         raise ConfigError(f"unknown sanity method {method!r} (allowed: {allowed})")
     path = ROOT / SANITY_METHODS[method]
-    return resolve_experiment(path, sets=[f"dataset.name={dataset}", *sets])
+    return settings_of(resolve_experiment(path, sets=[f"dataset.name={dataset}", *sets]))
 
 
 def labeled_indices(labels: torch.Tensor, per_class: int, seed: int) -> np.ndarray:
@@ -155,10 +156,9 @@ def random_batch(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def train_sanity(
-    method: str, cfg: dict[str, Any], ds: Dataset, opts: SanityOptions, log=print
+    method: str, settings: Settings, ds: Dataset, opts: SanityOptions, log=print
 ) -> dict[str, Any]:
     """Train the method's parts centrally; the results record (see the module doc)."""
-    settings = settings_of(cfg)
     device = resolve_device(settings.device)
     algo, ccfg = settings.algo, settings.client
     batch = opts.batch_size or ccfg.batch_size
@@ -211,7 +211,7 @@ def train_sanity(
     return {
         "method": method,
         "dataset": ds.name,
-        "config": cfg,
+        "config": mapping(settings),
         "options": asdict(opts),
         "labeled": len(lab),
         "unlabeled": len(unl),
@@ -238,9 +238,9 @@ def run_sanity(
     """Resolve the parts, train, write ``out/results.json``; the results record."""
     if opts.steps < 1 or opts.mu < 1 or opts.labels_per_class < 1:
         raise ConfigError("--steps, --mu and --labels-per-class must be >= 1")
-    cfg = sanity_config(method, dataset, list(sets))
+    settings = sanity_config(method, dataset, list(sets))
     keep_freed_memory()
-    results = train_sanity(method, cfg, load_dataset(request_for(cfg)), opts)
+    results = train_sanity(method, settings, load_dataset(request_for(settings.dataset)), opts)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     return results

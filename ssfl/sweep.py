@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
+from ssfl.registry import settings_of
 from tasks.config import ConfigError, parse_scalar
 from tasks.results import markdown_table, plot_curves, plot_sweep
+from tasks.settings import Settings
 
 Cell = tuple[tuple[str, Any], ...]
 
@@ -57,22 +59,24 @@ def cell_dir(out: Path, cell: Cell) -> Path:
     return out / cell_label(cell).replace("/", "_").replace(" ", "_")
 
 
-def run_or_reuse(cfg: dict[str, Any], out: Path, label: str, action: str) -> dict[str, Any]:
+def run_or_reuse(settings: Settings, out: Path, label: str, action: str) -> dict[str, Any]:
     """The cell's results: reused (``action`` 'reuse'), resumed or run."""
     from ssfl.runner import run_simulation
 
     if action == "reuse":
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
-        return reusable_run(out, cfg)
+        return reusable_run(out, settings)
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
     if action == "resume":
-        return run_simulation(cfg, out, stream=False, resume=True)
-    return run_simulation(cfg, out, stream=False)
+        return run_simulation(settings, out, stream=False, resume=True)
+    return run_simulation(settings, out, stream=False)
 
 
-def cell_action(cfg: dict[str, Any], out: Path, folders: CellFolders) -> str:
-    """'reuse' a completed run of ``cfg`` in ``out``, else what ``folders`` says."""
-    return "reuse" if reusable_run(out, cfg) is not None else folders.action(out, cfg)
+def cell_action(settings: Settings, out: Path, folders: CellFolders) -> str:
+    """'reuse' a completed run of ``settings`` in ``out``, else what ``folders`` says."""
+    if reusable_run(out, settings) is not None:
+        return "reuse"
+    return folders.action(out, settings)
 
 
 def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:
@@ -97,14 +101,15 @@ def sweep(
     cells = grid_cells(grid)
     configs = []
     for cell in cells:
-        cfg = resolve_experiment(experiment, rounds, None, [*sets, *cell_overrides(cell)])
-        check_data(cfg)
-        configs.append(cfg)
-    actions = [cell_action(cfg, cell_dir(out, cell), folders) for cell, cfg in zip(cells, configs)]
+        overrides = [*sets, *cell_overrides(cell)]
+        settings = settings_of(resolve_experiment(experiment, rounds, None, overrides))
+        check_data(settings)
+        configs.append(settings)
+    actions = [cell_action(s, cell_dir(out, cell), folders) for cell, s in zip(cells, configs)]
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for cell, cfg, action in zip(cells, configs, actions):
-        res = run_or_reuse(cfg, cell_dir(out, cell), cell_label(cell), action)
+    for cell, settings, action in zip(cells, configs, actions):
+        res = run_or_reuse(settings, cell_dir(out, cell), cell_label(cell), action)
         res["name"] = cell_label(cell)
         runs.append(res)
     text = sweep_table(experiment, grid, runs)

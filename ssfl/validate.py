@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +20,7 @@ from ssfl.registry import method, settings_of
 from tasks.config import ConfigError
 from tasks.data import Dataset, dataset_info, dataset_request, load_dataset
 from tasks.partition import Split, make_split
+from tasks.settings import Settings
 
 # Images per class of the train and test sets as published (CIFAR-10/100, Fashion-MNIST,
 # EMNIST balanced and STL-10 are balanced; MNIST and SVHN are not). Fashion-MNIST's and
@@ -89,10 +89,10 @@ def stand_in_dataset(name: str) -> Dataset:
     )
 
 
-def real_sized_dataset(cfg: dict[str, Any]) -> tuple[Dataset, bool]:
+def real_sized_dataset(settings: Settings) -> tuple[Dataset, bool]:
     """The experiment's dataset from its files (never downloaded), else its stand-in; and
     whether it is the stand-in. Synthetic datasets are built at the config's sizes."""
-    request = dataclasses.replace(dataset_request(cfg), download=False)
+    request = dataclasses.replace(dataset_request(settings.dataset), download=False)
     try:
         return load_dataset(request), False
     except ConfigError:
@@ -101,11 +101,10 @@ def real_sized_dataset(cfg: dict[str, Any]) -> tuple[Dataset, bool]:
         return stand_in_dataset(request.name), True
 
 
-def build_client_half(cfg: dict[str, Any], dataset: Dataset) -> None:
+def build_client_half(settings: Settings, dataset: Dataset) -> None:
     """Build the model and SGD a client of the method builds in its first round (nothing for
     a method without clients), through the client half's own ``build_model`` and
     ``optimizer``, without a Flower message or a partition."""
-    settings = settings_of(cfg)
     cls = method(settings.method).client_half()
     if cls is None:
         return
@@ -117,13 +116,13 @@ def build_client_half(cfg: dict[str, Any], dataset: Dataset) -> None:
 
 
 def server_model_and_optimizer(
-    cfg: dict[str, Any], dataset: Dataset, split: Split
+    settings: Settings, dataset: Dataset, split: Split
 ) -> torch.nn.Module:
     """The server's model, its parts and (when it trains) its first round's SGD."""
     from strategies.parts import ServerSide
 
-    server = ServerSide.build(cfg, dataset, split, torch.device("cpu"))
-    parts = method(cfg["method"]).server_half().parts(server)
+    server = ServerSide.build(settings, dataset, split, torch.device("cpu"))
+    parts = method(settings.method).server_half().parts(server)
     if parts.trainer.trains():
         parts.trainer.optimizer(1)
     return server.model
@@ -133,7 +132,7 @@ def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def describe(cfg: dict[str, Any], split: Split, params: int, stand_in: bool) -> str:
+def describe(settings: Settings, split: Split, params: int, stand_in: bool) -> str:
     """One line: method, dataset (and whether its images are stand-ins), clients, labels,
     parameters."""
     s = split.summary
@@ -141,7 +140,7 @@ def describe(cfg: dict[str, Any], split: Split, params: int, stand_in: bool) -> 
     source = ", real counts, no images" if stand_in else ""
     clients = len(split.clients)
     return (
-        f"{cfg['method']} on {cfg['dataset']['name']} ({clients} client{'s' * (clients != 1)}, "
+        f"{settings.method} on {settings.dataset.name} ({clients} client{'s' * (clients != 1)}, "
         f"{sum(s['client_sizes'])} client images{source}), {labeled} labeled, "
         f"{params / 1e6:.2f}M parameters"
     )
@@ -150,13 +149,13 @@ def describe(cfg: dict[str, Any], split: Split, params: int, stand_in: bool) -> 
 def check_experiment(path: str | Path) -> Checked:
     """Resolve ``path`` as ``ssfl run`` does and build its split, models and optimizers."""
     try:
-        cfg = resolve_experiment(path)
-        dataset, stand_in = real_sized_dataset(cfg)
-        split = make_split(dataset, settings_of(cfg).split, cfg["seed"])
-        model = server_model_and_optimizer(cfg, dataset, split)
-        build_client_half(cfg, dataset)
+        settings = settings_of(resolve_experiment(path))
+        dataset, stand_in = real_sized_dataset(settings)
+        split = make_split(dataset, settings.split, settings.seed)
+        model = server_model_and_optimizer(settings, dataset, split)
+        build_client_half(settings, dataset)
     except ConfigError as err:
         return Checked(str(path), error=str(err))
     except (OSError, ValueError, RuntimeError, TypeError, KeyError) as err:
         return Checked(str(path), error=f"{type(err).__name__}: {err}")
-    return Checked(str(path), summary=describe(cfg, split, parameter_count(model), stand_in))
+    return Checked(str(path), summary=describe(settings, split, parameter_count(model), stand_in))

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.loop import Parts, ServerHalf
+from strategies.loop import ServerHalf
 from strategies.parts import (
     AverageWithServer,
     DenseCodec,
+    Parts,
     ServerSide,
     SupervisedTrainer,
     TestAccuracy,

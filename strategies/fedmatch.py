@@ -22,10 +22,11 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from torch import nn
 
-from strategies.loop import Parts, ServerHalf
+from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
     Metrics,
+    Parts,
     ServerSide,
     SupervisedTrainer,
     TestAccuracy,
@@ -221,6 +222,12 @@ class SparseSync(DenseCodec):
             return f"sparse payload does not decode ({err})"
         bad = sorted(part for part, vector in vectors.items() if not torch.isfinite(vector).all())
         return f"part '{bad[0]}' decodes to non-finite values" if bad else None
+
+    def dense_bytes(self, update: Update) -> int:
+        """What one dense model per reply costs, as the client reports it (``dense-bytes``;
+        the sparse arrays' own shapes say nothing of it), else the arrays' dense size."""
+        reported = update.content["metrics"].get("dense-bytes")
+        return int(reported) if reported is not None else super().dense_bytes(update)
 
     def load_local(self, model: nn.Module, update: Update) -> None:
         """A client's model: its uploaded parts, the public copy of the others (sigma with

@@ -31,11 +31,13 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from client_app.fedossl import FedoSSLSettings
-from strategies.loop import Parts, ServerHalf
+from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
+    Evaluator,
     Metrics,
     NoTrainer,
+    Parts,
     ServerSide,
     Update,
     numpy_state,
@@ -54,7 +56,7 @@ from tasks.openworld import (
 )
 from tasks.partition import class_roles
 from tasks.pretrain import cached_pretrain, settings_from, simclr_pretrain
-from tasks.settings import Settings
+from tasks.settings import Settings, mapping
 from tasks.train import autocast, derive_seed, seeded, to_float
 
 log = logging.getLogger(__name__)
@@ -136,12 +138,12 @@ class SimCLRStart(NoTrainer):
 
     def key(self) -> dict[str, Any]:
         """Every input of the stage (tasks.pretrain.cached_pretrain keeps its result)."""
-        cfg, s = self.server.cfg, self.server.settings
+        s = self.server.settings
         return {
-            "dataset": cfg["dataset"],
-            "split": cfg["split"],
+            "dataset": mapping(s.dataset),
+            "split": mapping(s.split),
             "seed": s.seed,
-            "model": cfg["model"],
+            "model": mapping(s.model),
             "simclr": asdict(self.settings),
             "views": [s.algo.randaugment_n, s.algo.randaugment_m, s.augment.weak_shift],
             "device": self.server.device.type,
@@ -189,7 +191,8 @@ class SimCLRStart(NoTrainer):
         with seeded(seed) as generator, autocast(settings.train.amp, s.device):
             return simclr_pretrain(s.model, images, augment, self.settings, generator)
 
-    def train(self, server_round: int) -> Metrics:
+    def after_aggregate(self, server_round: int) -> Metrics:
+        """Round 1's row records the stage."""
         return self.record if server_round == 1 else {}
 
 
@@ -239,13 +242,14 @@ class OpenWorldAverage:
         return [self.kept[pid] for pid in sorted(self.kept)]
 
 
-class OpenWorldAccuracy:
+class OpenWorldAccuracy(Evaluator):
     """Section 5's metrics on the test set (Hungarian-matched, tasks.openworld), each with its
     best over the run so far (``best_acc_*``: the paper reports the best round).
     ``test_accuracy`` is acc_all. Local-O: the mean over the clients' own models."""
 
     def __init__(self, server: ServerSide, aggregator: OpenWorldAverage):
-        self.server, self.aggregator = server, aggregator
+        super().__init__(server)
+        self.aggregator = aggregator
         settings = server.settings
         roles = roles_of(settings, server.dataset.num_classes)
         self.groups = [[c for c, r in enumerate(roles) if r == letter] for letter in "SLG"]

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-from strategies.loop import Parts, ServerHalf
-from strategies.parts import Metrics, ServerSide
+from strategies.loop import ServerHalf
+from strategies.parts import Metrics, Parts, ServerSide
 from strategies.server_sl import SERVER_SCHEDULE
 from tasks.config import ConfigError
 from tasks.selfensemble import class_thresholds

@@ -21,11 +21,12 @@ import numpy as np
 from flwr.app import ArrayRecord
 from torch import nn
 
-from strategies.loop import Parts, ServerHalf
+from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
     GroupedAverage,
     Metrics,
+    Parts,
     ServerSide,
     SupervisedTrainer,
     TestAccuracy,

@@ -1,55 +1,44 @@
-"""The one round loop every method runs, driving the parts the method picks.
+"""The one round loop every method runs, driving the parts the method picks; it knows no
+method.
 
-Per round: sample clients -> the codec encodes each client's message (its start model
-from the aggregator, the payloads) -> clients train -> failed replies are counted,
-malformed ones rejected, the rest sorted by partition -> the server trains beside the
-clients (SSFL eq. 4-5) -> the aggregator builds the next global model -> the server
-trains the aggregate (FedSEAL eq. 3-4) -> payloads are recomputed -> the evaluator ->
-one results row -> the round's checkpoint (``checkpoint_path``). federation.max_failed_rounds
-rounds in a row without an accepted update stop the run (:class:`RunStalled`). A run
-resumed from a checkpoint (:meth:`RoundLoop.resume_from`) goes on from the round after it
-with every piece of state the uninterrupted run would hold.
+Per round, through Flower's Strategy interface: ``configure_train`` samples clients and
+the codec encodes each one's message (its start model from the aggregator, the payloads)
+-> clients train -> ``aggregate_train`` counts failed replies, rejects malformed ones and
+has the aggregator build the next global model from the rest -> the trainer's step
+before and after aggregation -> payloads are recomputed -> the evaluator -> one results
+row -> the round's checkpoint (``checkpoint_path``). federation.max_failed_rounds rounds
+in a row without an accepted update stop the run (:class:`RunStalled`). A run resumed
+from a checkpoint (:meth:`RoundLoop.resume_from`) goes on from the round after it with
+every piece of state the uninterrupted run would hold.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from torch import nn
 
+from strategies.messaging import exchange, failure_cause, one_line
 from strategies.parts import (
-    Aggregator,
-    DenseCodec,
-    Evaluator,
-    FedAvg,
     Metrics,
-    NoTrainer,
-    Payload,
-    Protocols,
+    Parts,
     ServerSide,
-    SupervisedTrainer,
-    TestAccuracy,
     Update,
-    dense_bytes,
     mean_metrics,
     record_bytes,
 )
 from tasks.checkpoint import kept_checkpoint, save_checkpoint
-from tasks.settings import Settings
+from tasks.settings import Settings, mapping
 from tasks.train import DEVICE_RECORD, derive_seed, device_name
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
@@ -59,98 +48,9 @@ log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed wit
 OWN_DATA_MAX_EXAMPLES = 10_000_000
 
 
-# Replies are pulled after a wait of this share of the time already waited, kept within
-# [REPLY_POLL_MIN_S, REPLY_POLL_MAX_S]: a reply is seen at most ~1% of the round late.
-# (Flower's HttpGrid, the ServerApp's grid under a SuperLink, pulls every 3 s.)
-REPLY_POLL_SHARE = 0.01
-REPLY_POLL_MIN_S = 0.01
-REPLY_POLL_MAX_S = 0.25
-
-
-def exchange(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
-    """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds
-    passed (Grid.send_and_receive's contract, polled as REPLY_POLL_SHARE says). A grid
-    that is not Flower's (the tests' in-process one) is asked with its send_and_receive."""
-    if not isinstance(grid, Grid):
-        return list(grid.send_and_receive(messages, timeout=timeout))
-    pending = set(grid.push_messages(messages))
-    started = time.monotonic()
-    replies: list[Message] = []
-    while pending:
-        pulled = list(grid.pull_messages(pending))
-        replies.extend(pulled)
-        pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
-        waited = time.monotonic() - started
-        if not pending or waited >= timeout:
-            break
-        pause = min(max(waited * REPLY_POLL_SHARE, REPLY_POLL_MIN_S), REPLY_POLL_MAX_S)
-        time.sleep(min(pause, timeout - waited))
-    return replies
-
-
 class RunStalled(RuntimeError):
     """federation.max_failed_rounds rounds in a row accepted no client update; the message
     is one line naming the last round's failure reasons."""
-
-
-# A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".
-EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]*\.)?(\w*(?:Error|Exception|Exit|Interrupt)): (\S.*)$")
-# A deployed ClientApp's exception as Flower relays it: "<class 'a.b.ConfigError'>:<'...'>".
-RELAYED = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>$", re.S)
-
-
-def failure_cause(reason: str) -> str:
-    """A failed client's reason cut to its cause: the last exception line with a message in
-    the traceback Flower relays (Ray wraps the client's own error), else the exception of a
-    deployed ClientApp, else the whole text."""
-    causes = [
-        m.group(1) + ": " + m.group(2) for m in map(EXCEPTION_LINE.match, reason.splitlines()) if m
-    ]
-    relayed = RELAYED.match(reason.strip())
-    if not causes and relayed:
-        causes = [relayed.group(1) + ": " + relayed.group(2)]
-    return one_line(causes[-1] if causes else reason)
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """``text`` on one line (a traceback's lines joined), at most ``limit`` characters."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-@dataclass
-class Parts:
-    """What a method is made of (see strategies/parts.py). ``aggregator`` None: no clients."""
-
-    trainer: SupervisedTrainer | NoTrainer
-    aggregator: Aggregator | None
-    evaluator: Evaluator
-    codec: DenseCodec
-
-    @classmethod
-    def standard(cls, server: ServerSide, payloads: Iterable[Payload] = ()) -> Parts:
-        """FedAvg clients, the server trains their aggregate, test accuracy, dense models
-        with the method's extra payload records."""
-        return cls(SupervisedTrainer(server), FedAvg(), TestAccuracy(server), DenseCodec(payloads))
-
-    def stateful(self) -> dict[str, Any]:
-        """The parts that keep state across rounds (those with ``state``/``restore``), by
-        role (a part in two roles once)."""
-        out: dict[str, Any] = {}
-        for role in ("trainer", "aggregator", "evaluator", "codec"):
-            part = getattr(self, role)
-            if hasattr(part, "state") and all(part is not kept for kept in out.values()):
-                out[role] = part
-        return out
-
-    def state(self) -> dict[str, Any]:
-        """Every stateful part's checkpoint (see ``stateful``)."""
-        return {role: part.state() for role, part in self.stateful().items()}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Give every stateful part back what ``state`` holds."""
-        for role, part in self.stateful().items():
-            part.restore(state[role])
 
 
 @dataclass
@@ -207,9 +107,13 @@ class RoundLoop(Strategy):
         self.nodes: dict[int, int] = {}
         self.own_data: set[int] = set()  # partitions whose node trains on its own folder
         self.sampler = random.Random(derive_seed(self.settings.seed, "sampling"))
-        self.config_json = json.dumps(server.cfg, sort_keys=True)  # what clients receive
-        self.scratch: nn.Module | None = None  # a copy of the model for clients' models
-        self.protocols = Protocols(server)
+        self.config_json = json.dumps(mapping(self.settings), sort_keys=True)  # clients get it
+        self.train_config = ConfigRecord()  # start's train_config: every client gets it
+        self.evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+        self.stats = RoundStats()  # the current round's counts
+        self.sent_ids: dict[str, int] = {}  # the current round's messages' partitions by id
+        self.updates: list[Update] = []  # the current round's accepted updates
+        self.aggregation_metrics: Metrics = {}  # what the current round's aggregation measured
         self.rows: list[dict[str, Any]] = []  # every round's results row, as on_round got it
         self.failed_in_a_row = 0  # rounds in a row without an accepted client update
         self.first_round = 1  # the round after the checkpoint a resumed run starts from
@@ -231,31 +135,46 @@ class RoundLoop(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return self.messages(server_round, arrays, RoundStats())
+        """One message per sampled client: its start model, the round config with
+        ``config``'s entries, the payloads (bytes counted in the round's stats)."""
+        return self.messages(server_round, arrays, config, self.stats)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        updates = self.accept(server_round, replies, RoundStats())
-        if not updates or self.parts.aggregator is None:
+        """The next global model from the accepted replies (None when none was) and the
+        clients' metrics, example-weighted. What the aggregation itself measures (the
+        aggregator's metrics, which may be lists, the local models' accuracy with
+        eval.local_models, the codec's byte ratio) goes to ``aggregation_metrics``."""
+        assert self.parts.aggregator is not None
+        stats = self.stats
+        self.updates = self.accept(server_round, replies, stats, self.sent_ids)
+        if not self.updates:
             return None, None
-        arrays, _ = self.parts.aggregator.aggregate(server_round, updates)
-        return arrays, MetricRecord(mean_metrics(updates))
+        arrays, metrics = self.parts.aggregator.aggregate(server_round, self.updates)
+        if self.settings.eval.local_models:
+            evaluator = self.parts.evaluator
+            metrics["local_accuracy"] = evaluator.local_accuracy(self.updates, self.parts.codec)
+        metrics.update(self.parts.codec.saved_bytes("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
+        self.aggregation_metrics = metrics
+        return arrays, MetricRecord(mean_metrics(self.updates))
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         """Evaluation is centralised on the server's test set: no client messages."""
         return []
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        """No client evaluates (see ``configure_evaluate``)."""
         return None
 
     # ----- Messages ------------------------------------------------------------------
-    def client_config(self, server_round: int, pid: int) -> ConfigRecord:
-        """Round number, client learning rate (decayed per round), the full config and
-        the codec's entries."""
+    def client_config(self, server_round: int, pid: int, config: ConfigRecord) -> ConfigRecord:
+        """``config``'s entries, then the round number, client learning rate (decayed per
+        round), the full config and the codec's entries."""
         half = self.settings.client
         return ConfigRecord(
             {
+                **config,
                 "round": server_round,
                 "lr": half.lr * half.lr_decay ** (server_round - 1),
                 "ssfl-config": self.config_json,
@@ -263,7 +182,9 @@ class RoundLoop(Strategy):
             }
         )
 
-    def messages(self, server_round: int, arrays: ArrayRecord, stats: RoundStats) -> list[Message]:
+    def messages(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, stats: RoundStats
+    ) -> list[Message]:
         """One message per sampled client: its start model, the round config, payloads."""
         aggregator, codec = self.parts.aggregator, self.parts.codec
         assert aggregator is not None
@@ -273,7 +194,7 @@ class RoundLoop(Strategy):
             content = RecordDict(
                 {
                     **codec.encode(server_round, pid, start),
-                    "config": self.client_config(server_round, pid),
+                    "config": self.client_config(server_round, pid, config),
                 }
             )
             stats.bytes_s2c += record_bytes(content)
@@ -317,10 +238,7 @@ class RoundLoop(Strategy):
         self.note_devices(updates)
         for update in updates:
             stats.bytes_c2s += record_bytes(update.content)
-            extra = update.content["metrics"].get("dense-bytes")
-            stats.bytes_c2s_dense += (
-                int(extra) if extra is not None else dense_bytes(update.content)
-            )
+            stats.bytes_c2s_dense += self.parts.codec.dense_bytes(update)
         return updates
 
     def note_devices(self, updates: list[Update]) -> None:
@@ -436,8 +354,18 @@ class RoundLoop(Strategy):
     ) -> Result:
         """Bootstrap, then per round: clients -> aggregate -> server step -> evaluate.
 
-        Raises RunStalled after federation.max_failed_rounds rounds in a row without an
-        accepted client update (their rows recorded)."""
+        ``train_config``'s entries reach every client's round config; ``evaluate_fn``, when
+        given, is called after each round with the global model and its metrics join the
+        round's row. Evaluation is centralised, so there is no client to take an
+        ``evaluate_config``: a non-empty one is refused. Raises RunStalled after
+        federation.max_failed_rounds rounds in a row without an accepted client update
+        (their rows recorded)."""
+        if evaluate_config:
+            raise ValueError(
+                "evaluate_config: evaluation runs on the server's test set, no client gets it"
+            )
+        self.train_config = train_config if train_config is not None else ConfigRecord()
+        self.evaluate_fn = evaluate_fn
         self.summary()
         if initial_arrays is not None:
             self.server.load(initial_arrays)
@@ -456,8 +384,9 @@ class RoundLoop(Strategy):
             stats = RoundStats()
             row = self.run_round(rnd, grid, timeout, stats)
             row["seconds"] = time.perf_counter() - started
-            if self.protocols.due(rnd, num_rounds):
-                row.update(self.protocols.evaluate(self.server.model, rnd))
+            row.update(self.parts.evaluator.after_round(self.server.model, rnd, num_rounds))
+            if self.evaluate_fn is not None:
+                row.update(self.evaluate_fn(rnd, self.server.arrays()) or {})
             if "test_accuracy" in row:
                 result.evaluate_metrics_serverapp[rnd] = MetricRecord(
                     {"accuracy": row["test_accuracy"], "loss": row["test_loss"]}
@@ -518,29 +447,34 @@ class RoundLoop(Strategy):
     def run_round(self, rnd: int, grid: Grid, timeout: float, stats: RoundStats) -> dict[str, Any]:
         """One round, counted in ``stats``; returns its results row (without the wall time)."""
         trainer, aggregator, codec = self.parts.trainer, self.parts.aggregator, self.parts.codec
+        self.stats, self.sent_ids, self.updates, self.aggregation_metrics = stats, {}, [], {}
         client_metrics: Metrics = {}
-        server_metrics: Metrics = {}
         round_metrics: Metrics = {}
-        updates: list[Update] = []
+        messages: list[Message] = []
         if aggregator is not None:
             round_metrics.update(codec.begin_round(rnd))
-            messages = self.messages(rnd, self.server.arrays(), stats)
+            messages = list(
+                self.configure_train(rnd, self.server.arrays(), self.train_config, grid)
+            )
             round_metrics.update(codec.saved_bytes("s2c", stats.bytes_s2c, len(messages)))
             replies = exchange(grid, messages, timeout) if messages else []
-            updates = self.accept(rnd, replies, stats, self.sent_ids(messages))
-        if trainer.beside_clients:
-            server_metrics = trainer.train(rnd)
+            self.sent_ids = self.message_partitions(messages)
+        server_metrics = trainer.before_aggregate(rnd)
         if aggregator is not None:
-            if updates:
-                client_metrics = mean_metrics(updates)
-                round_metrics.update(self.aggregate(rnd, updates, stats))
+            arrays, record = self.aggregate_train(rnd, replies)
+            if arrays is not None:
+                client_metrics = dict(record or {})
+                round_metrics.update(self.aggregation_metrics)
+                self.server.adopt(arrays)
+                if trainer.trains_aggregate() and self.tested(rnd):
+                    aggregate = self.parts.evaluator.evaluate(self.server.model)
+                    round_metrics["aggregate_accuracy"] = aggregate["test_accuracy"]
             else:
                 log.warning(
                     "round %d: no client update arrived; the global model is unchanged", rnd
                 )
-            codec.end_round(self.sent(messages), {u.pid for u in updates})
-        if not trainer.beside_clients:
-            server_metrics = trainer.train(rnd)
+            codec.end_round(self.sent(messages), {u.pid for u in self.updates})
+        server_metrics.update(trainer.after_aggregate(rnd))
         round_metrics.update(codec.update_payloads(rnd))
         evaluation = self.parts.evaluator.evaluate(self.server.model) if self.tested(rnd) else {}
         return {
@@ -552,20 +486,6 @@ class RoundLoop(Strategy):
             **round_metrics,
         }
 
-    def aggregate(self, rnd: int, updates: list[Update], stats: RoundStats) -> Metrics:
-        """The aggregator's new global model, loaded; the metrics it and its models give."""
-        assert self.parts.aggregator is not None
-        arrays, out = self.parts.aggregator.aggregate(rnd, updates)
-        if self.settings.eval.local_models:
-            out["local_accuracy"] = self.local_accuracy(updates)
-        self.server.load(arrays)
-        trainer = self.parts.trainer
-        if trainer.trains() and not trainer.beside_clients and self.tested(rnd):
-            aggregate = self.parts.evaluator.evaluate(self.server.model)
-            out["aggregate_accuracy"] = aggregate["test_accuracy"]
-        out.update(self.parts.codec.saved_bytes("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
-        return out
-
     def tested(self, rnd: int) -> bool:
         """Whether round ``rnd`` evaluates on the test set (eval.every, and the last round)."""
         return rnd % self.settings.eval.every == 0 or rnd == self.settings.rounds
@@ -573,23 +493,9 @@ class RoundLoop(Strategy):
     def sent(self, messages: list[Message]) -> set[int]:
         return {self.partition_of(m.metadata.dst_node_id) for m in messages}
 
-    def sent_ids(self, messages: list[Message]) -> dict[str, int]:
+    def message_partitions(self, messages: list[Message]) -> dict[str, int]:
         """The partition of each sent message by the id the grid gave it when sending."""
         return {m.metadata.message_id: self.partition_of(m.metadata.dst_node_id) for m in messages}
-
-    def local_accuracy(self, updates: list[Update]) -> float:
-        """Mean test accuracy of the clients' trained models (eval.local_models).
-
-        FedMatch Table 2's "averaged local model accuracy": in the official code every
-        client evaluates its model on the shared test set right after local training.
-        """
-        if self.scratch is None:
-            self.scratch = copy.deepcopy(self.server.model)
-        accuracies = []
-        for update in updates:
-            self.parts.codec.load_local(self.scratch, update)
-            accuracies.append(self.parts.evaluator.evaluate(self.scratch)["test_accuracy"])
-        return float(np.mean(accuracies))
 
 
 def stalled_message(rnd: int, limit: int, stats: RoundStats) -> str:
@@ -609,7 +515,7 @@ class ServerHalf:
     # The SSL heads its clients train (model.projector_dim, model.predictor_dim); the config
     # refuses the others.
     ssl_heads: frozenset[str] = frozenset()
-    # Whether it trains on FedoSSL's open-world split (split.scenario: open_world).
+    # Whether it trains on the open-world split (split.scenario: open_world).
     open_world: bool = False
 
     @classmethod

@@ -20,6 +20,7 @@ shared mutable attributes. What a part keeps across rounds it gives to the run's
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,11 +30,11 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from torch import nn
 
-from ssfl.registry import settings_of
 from tasks.aggregate import (
     assign_groups,
     average_with_server,
     group_average,
+    keep_own_buffers,
     weight_diversity,
     weighted_average,
 )
@@ -64,10 +65,9 @@ Metrics = dict[str, Any]
 
 @dataclass
 class ServerSide:
-    """What the server holds: config (``cfg`` as recorded, ``settings`` typed), data on the
-    device, and the global model."""
+    """What the server holds: the run's settings, data on the device, and the global
+    model."""
 
-    cfg: dict[str, Any]
     settings: Settings
     dataset: Dataset
     split: Split
@@ -82,14 +82,12 @@ class ServerSide:
 
     @classmethod
     def build(
-        cls, cfg: dict[str, Any], dataset: Dataset, split: Split, device: torch.device
+        cls, settings: Settings, dataset: Dataset, split: Split, device: torch.device
     ) -> ServerSide:
-        settings = settings_of(cfg)
         with seeded(derive_seed(settings.seed, "init")):
             model = model_for(settings.model, dataset).to(device)
         train_x, train_y = dataset.train_x, dataset.train_y
         return cls(
-            cfg=cfg,
             settings=settings,
             dataset=dataset,
             split=split,
@@ -108,6 +106,18 @@ class ServerSide:
 
     def load(self, arrays: ArrayRecord) -> None:
         self.model.load_state_dict(arrays.to_torch_state_dict())
+
+    def adopt(self, arrays: ArrayRecord) -> None:
+        """Take the round's aggregate as the global model: all of it, or with
+        federation.average ``parameters`` its parameters only (the model keeps its own
+        buffers, as the SSFL benchmark's official code)."""
+        if self.settings.federation.average == "all":
+            self.load(arrays)
+            return
+        own = numpy_state(self.arrays())
+        buffers = [name for name, _ in self.model.named_buffers() if name in own]
+        kept = keep_own_buffers(numpy_state(arrays), own, buffers)
+        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in kept.items()})
 
     def weak_augment(self) -> WeakAugment:
         """The weak view of the server's labeled batches (flip + shift)."""
@@ -194,15 +204,45 @@ def mean_metrics(updates: list[Update]) -> Metrics:
 
 
 # ----- Evaluators ----------------------------------------------------------------------
-class Evaluator(Protocol):
+class Evaluator:
+    """What a round measures of the server's models. A method's evaluator defines
+    ``evaluate``; every evaluator runs the evaluation protocols when due and can score the
+    models the clients uploaded."""
+
+    def __init__(self, server: ServerSide):
+        self.server = server
+        self.protocols = Protocols(server)
+        self.local_scratch: nn.Module | None = None  # holds one client's model at a time
+
     def evaluate(self, model: nn.Module) -> Metrics:
         """Metrics of ``model``; ``test_accuracy`` is always one of them."""
+        raise NotImplementedError
+
+    def after_round(self, model: nn.Module, server_round: int, last_round: int) -> Metrics:
+        """The evaluation protocols' accuracies when due (eval.protocol_every), else none."""
+        if not self.protocols.due(server_round, last_round):
+            return {}
+        return self.protocols.evaluate(model, server_round)
+
+    def local_accuracy(self, updates: list[Update], codec: DenseCodec) -> float:
+        """Mean test accuracy of the models the clients uploaded, each loaded by ``codec``
+        (eval.local_models; FedMatch Table 2's averaged local model accuracy: in the
+        official code every client evaluates its model on the shared test set right after
+        local training)."""
+        if self.local_scratch is None:
+            self.local_scratch = copy.deepcopy(self.server.model)
+        accuracies = []
+        for update in updates:
+            codec.load_local(self.local_scratch, update)
+            accuracies.append(self.evaluate(self.local_scratch)["test_accuracy"])
+        return float(np.mean(accuracies))
 
 
-class TestAccuracy:
+class TestAccuracy(Evaluator):
     """Top-1 accuracy and cross-entropy on the server's test set."""
 
     def __init__(self, server: ServerSide):
+        super().__init__(server)
         self.x, self.y = server.test_x, server.test_y
         self.batch_size = server.settings.eval.batch_size
         self.amp, self.device = server.settings.train.amp, server.device
@@ -250,15 +290,22 @@ class Protocols:
 class NoTrainer:
     """A method whose server does not train (after its optional bootstrap)."""
 
-    beside_clients = False
-
     def trains(self) -> bool:
+        return False
+
+    def trains_aggregate(self) -> bool:
+        """Whether the round's server step changes the clients' aggregate."""
         return False
 
     def bootstrap(self) -> None:
         """Nothing to do."""
 
-    def train(self, server_round: int) -> Metrics:
+    def before_aggregate(self, server_round: int) -> Metrics:
+        """The server's step while the clients train, from the model they start from."""
+        return {}
+
+    def after_aggregate(self, server_round: int) -> Metrics:
+        """The server's step on the clients' aggregate."""
         return {}
 
     def state(self) -> dict[str, Any]:
@@ -292,6 +339,11 @@ class SupervisedTrainer:
             self.half.epochs > 0 or self.half.local_steps > 0
         )
 
+    def trains_aggregate(self) -> bool:
+        """Whether the round's server step changes the clients' aggregate (FedSEAL eq. 3-4),
+        not the model they started from."""
+        return self.trains() and not self.beside_clients
+
     def bootstrap(self) -> None:
         """Counted in epochs even when rounds count T steps (server.local_steps)."""
         if self.half.bootstrap_epochs:
@@ -299,6 +351,14 @@ class SupervisedTrainer:
 
     def train(self, server_round: int) -> Metrics:
         return self.fit(server_round, self.half.epochs)
+
+    def before_aggregate(self, server_round: int) -> Metrics:
+        """The round's training when the server trains beside the clients (SSFL eq. 4-5)."""
+        return self.train(server_round) if self.beside_clients else {}
+
+    def after_aggregate(self, server_round: int) -> Metrics:
+        """The round's training on the clients' aggregate (FedSEAL eq. 3-4)."""
+        return {} if self.beside_clients else self.train(server_round)
 
     def lr(self, server_round: int, step: int = 0, round_steps: int = 0) -> float:
         """The rate at ``step`` of a round (``lr_schedule``; SSFL eq. 9 when cosine)."""
@@ -566,6 +626,10 @@ class DenseCodec:
         for payload, kept in zip(self.payloads, state["payloads"], strict=True):
             payload.restore(kept)
 
+    def dense_bytes(self, update: Update) -> int:
+        """What the reply would cost as dense float32 tensors."""
+        return dense_bytes(update.content)
+
     def load_local(self, model: nn.Module, update: Update) -> None:
         """Load the model client ``update.pid`` trained into ``model``."""
         model.load_state_dict(update.content["arrays"].to_torch_state_dict())
@@ -577,3 +641,39 @@ class DenseCodec:
         if record is None:
             return "no 'arrays' record"
         return array_problem(record, global_state)
+
+
+# ----- A method's parts ------------------------------------------------------------------
+@dataclass
+class Parts:
+    """What a method is made of: the parts above. ``aggregator`` None: no clients."""
+
+    trainer: SupervisedTrainer | NoTrainer
+    aggregator: Aggregator | None
+    evaluator: Evaluator
+    codec: DenseCodec
+
+    @classmethod
+    def standard(cls, server: ServerSide, payloads: Iterable[Payload] = ()) -> Parts:
+        """FedAvg clients, the server trains their aggregate, test accuracy, dense models
+        with the method's extra payload records."""
+        return cls(SupervisedTrainer(server), FedAvg(), TestAccuracy(server), DenseCodec(payloads))
+
+    def stateful(self) -> dict[str, Any]:
+        """The parts that keep state across rounds (those with ``state``/``restore``), by
+        role (a part in two roles once)."""
+        out: dict[str, Any] = {}
+        for role in ("trainer", "aggregator", "evaluator", "codec"):
+            part = getattr(self, role)
+            if hasattr(part, "state") and all(part is not kept for kept in out.values()):
+                out[role] = part
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Every stateful part's checkpoint (see ``stateful``)."""
+        return {role: part.state() for role, part in self.stateful().items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Give every stateful part back what ``state`` holds."""
+        for role, part in self.stateful().items():
+            part.restore(state[role])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.loop import Parts, ServerHalf
-from strategies.parts import DenseCodec, ServerSide, SupervisedTrainer, TestAccuracy
+from strategies.loop import ServerHalf
+from strategies.parts import DenseCodec, Parts, ServerSide, SupervisedTrainer, TestAccuracy
 from tasks.config import ConfigError
 from tasks.settings import Settings
 

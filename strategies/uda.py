@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.loop import Parts, ServerHalf
+from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
     FedAvg,
     Metrics,
+    Parts,
     ServerSide,
     SupervisedTrainer,
     TestAccuracy,

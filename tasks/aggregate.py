@@ -49,6 +49,18 @@ def average_with_server(
     return weighted_average([server, *users], [server_weight] + [1.0] * len(users))
 
 
+def keep_own_buffers(
+    averaged: Mapping[str, np.ndarray], own: Mapping[str, np.ndarray], buffers: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """The averaged model with the keys ``buffers`` (BatchNorm's running statistics and
+    counter) taken from ``own``: the SSFL benchmark's official code averages only
+    ``model.parameters()`` (its SyncAllreduce), so each model keeps its own statistics."""
+    missing = sorted(set(buffers) - set(own))
+    if missing:
+        raise KeyError(f"buffers not in the model's own state: {missing[:3]}")
+    return {key: (own[key] if key in buffers else value) for key, value in averaged.items()}
+
+
 def assign_groups(ids: Sequence[int], num_groups: int, rng: np.random.Generator) -> list[list[int]]:
     """Shuffle ``ids`` into min(num_groups, len(ids)) groups of near-equal size (FedRGD).
 

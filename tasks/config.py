@@ -20,7 +20,15 @@ from typing import Any
 
 import yaml
 
-from tasks.settings import Range, Settings, choices_of, defaults_of, rules_of, show
+from tasks.settings import (
+    Range,
+    Settings,
+    choices_of,
+    defaults_of,
+    rules_of,
+    scenario_keys,
+    show,
+)
 
 
 class ConfigError(ValueError):
@@ -239,7 +247,7 @@ def _check_round_length(half: str, hcfg: Mapping[str, Any], schedule: str) -> No
         )
 
 
-OPEN_WORLD_KEYS = ("class_roles", "labeled_fraction", "role_clients", "samples_per_class")
+OPEN_WORLD_KEYS = scenario_keys("open_world")
 
 
 def _check_scenario(split: Mapping[str, Any]) -> None:
@@ -261,10 +269,10 @@ def _check_scenario(split: Mapping[str, Any]) -> None:
         )
 
 
-def data_root(cfg: Mapping[str, Any]) -> Path:
-    """The dataset folder: dataset.root, else $SSFL_DATA_DIR, else ./data (absolute)."""
-    root = cfg["dataset"]["root"] or os.environ.get("SSFL_DATA_DIR", "") or "data"
-    return Path(root).expanduser().resolve()
+def data_root(root: str) -> Path:
+    """The dataset folder: dataset.root (``root``), else $SSFL_DATA_DIR, else ./data
+    (absolute)."""
+    return Path(root or os.environ.get("SSFL_DATA_DIR", "") or "data").expanduser().resolve()
 
 
 def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -18,12 +18,12 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from tasks.config import ConfigError, data_root
+from tasks.settings import DatasetSettings
 
 
 @dataclass(frozen=True)
@@ -426,15 +426,14 @@ def load_dataset(request: DatasetRequest) -> Dataset:
     return DATASETS[request.name](request)
 
 
-def dataset_request(cfg: Mapping[str, Any]) -> DatasetRequest:
+def dataset_request(ds: DatasetSettings) -> DatasetRequest:
     """The dataset an experiment asks for."""
-    ds = cfg["dataset"]
     return DatasetRequest(
-        name=ds["name"],
-        root=str(data_root(cfg)),
-        download=ds["download"],
-        synthetic_train=ds["synthetic_train_size"],
-        synthetic_test=ds["synthetic_test_size"],
+        name=ds.name,
+        root=str(data_root(ds.root)),
+        download=ds.download,
+        synthetic_train=ds.synthetic_train_size,
+        synthetic_test=ds.synthetic_test_size,
     )
 
 

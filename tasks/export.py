@@ -25,7 +25,7 @@ from torch import nn
 from tasks.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tasks.data import DatasetInfo
 from tasks.models import model_for
-from tasks.settings import ModelSettings
+from tasks.settings import ModelSettings, Settings, mapping
 
 MODEL_FILE = "model.pt"
 FORMAT = 1
@@ -54,22 +54,22 @@ def plain_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def model_record(
-    model: nn.Module, cfg: Mapping[str, Any], data: Any, rows: Sequence[Mapping[str, Any]]
+    model: nn.Module, settings: Settings, data: Any, rows: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The contents of model.pt for ``model`` after the rounds ``rows`` of run ``cfg``;
+    """The contents of model.pt for ``model`` after the rounds ``rows`` of run ``settings``;
     ``data``: the run's Dataset (classes, image format, normalisation)."""
     tested = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
     return {
         "format": FORMAT,
         "state_dict": plain_state(model),
-        "model": dict(cfg["model"]),
-        "dataset": cfg["dataset"]["name"],
+        "model": mapping(settings.model),
+        "dataset": settings.dataset.name,
         "num_classes": int(data.num_classes),
         "channels": int(data.channels),
         "image_size": int(data.image_size),
         "mean": [float(v) for v in data.mean],
         "std": [float(v) for v in data.std],
-        "method": cfg["method"],
+        "method": settings.method,
         "round": int(rows[-1]["round"]) if rows else 0,
         "test_accuracy": float(tested[-1]) if tested else None,
         "ssfl_version": ssfl_version(),
@@ -78,13 +78,13 @@ def model_record(
 
 def save_model(
     model: nn.Module,
-    cfg: Mapping[str, Any],
+    settings: Settings,
     data: Any,
     rows: Sequence[Mapping[str, Any]],
     path: Path,
 ) -> None:
     """Write model.pt (atomically) for ``model`` after the rounds ``rows``."""
-    save_checkpoint(model_record(model, cfg, data, rows), path)
+    save_checkpoint(model_record(model, settings, data, rows), path)
 
 
 def read_model_file(path: str | Path) -> dict[str, Any]:

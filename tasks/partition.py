@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 
 from tasks.config import ConfigError
 from tasks.data import Dataset, dataset_request, load_dataset
-from tasks.settings import SplitSettings, typed
+from tasks.settings import DatasetSettings, Settings, SplitSettings, mapping, typed
 
 log = logging.getLogger(__name__)
 
@@ -482,19 +481,28 @@ def open_world_split(ds: Dataset, scfg: SplitSettings, seed: int) -> Split:
     return Split(np.zeros(0, np.int64), val, test, clients, client_labeled, summary)
 
 
+def split_key(settings: Settings) -> str:
+    """What an experiment's split depends on (its dataset, split and seed sections) as
+    JSON: the key of the per-process caches of splits and client partitions."""
+    inputs = {
+        "dataset": mapping(settings.dataset),
+        "split": mapping(settings.split),
+        "seed": settings.seed,
+    }
+    return json.dumps(inputs, sort_keys=True)
+
+
 @functools.lru_cache(maxsize=4)
-def _cached_split(key: str) -> tuple[Dataset, Split]:
-    cfg = json.loads(key)
-    ds = load_dataset(dataset_request(cfg))
-    return ds, make_split(ds, typed(SplitSettings, cfg["split"]), cfg["seed"])
+def split_of_key(key: str) -> tuple[Dataset, Split]:
+    """Dataset and split of a :func:`split_key`, computed once per process."""
+    inputs = json.loads(key)
+    ds = load_dataset(dataset_request(typed(DatasetSettings, inputs["dataset"])))
+    return ds, make_split(ds, typed(SplitSettings, inputs["split"]), inputs["seed"])
 
 
-def get_split(cfg: Mapping[str, Any]) -> tuple[Dataset, Split]:
+def get_split(settings: Settings) -> tuple[Dataset, Split]:
     """Dataset and split of an experiment, computed once per process."""
-    key = json.dumps(
-        {"dataset": cfg["dataset"], "split": cfg["split"], "seed": cfg["seed"]}, sort_keys=True
-    )
-    return _cached_split(key)
+    return split_of_key(split_key(settings))
 
 
 def stream_step(server_round: int, steps: int, rounds_per_step: int) -> int:

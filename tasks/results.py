@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError
+from tasks.settings import Settings, mapping
 
 log = logging.getLogger("flwr.ssfl")
 
@@ -93,10 +94,10 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
 class Recorder:
     """Collects one row per round and writes the run's files into ``out_dir``."""
 
-    def __init__(self, out_dir: Path, cfg: Mapping[str, Any], split_summary: Mapping[str, Any]):
+    def __init__(self, out_dir: Path, settings: Settings, split_summary: Mapping[str, Any]):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.cfg = cfg
+        self.settings = settings
         self.split = dict(split_summary)
         self.rows: list[dict[str, Any]] = []
         self.started = time.time()
@@ -121,7 +122,7 @@ class Recorder:
             if "test_accuracy" in row
             else ""
         )
-        log.info("round %d/%d%s  %.1fs", row["round"], self.cfg["rounds"], tested, row["seconds"])
+        log.info("round %d/%d%s  %.1fs", row["round"], self.settings.rounds, tested, row["seconds"])
 
     def resume(self, rows: list[dict[str, Any]]) -> None:
         """Start from a checkpoint's rows (a resumed run): kept, and metrics.jsonl rewritten."""
@@ -133,16 +134,17 @@ class Recorder:
         """The run's record; ``failure``: the one line of a run that stopped (rule 3 of the
         reliability issue), None for a completed run."""
         accs = [r["test_accuracy"] for r in self.rows if "test_accuracy" in r]
+        s = self.settings
         return {
             "status": "failed" if failure else "completed",
             **({"failure": failure} if failure else {}),
-            "method": self.cfg["method"],
-            "name": self.cfg["name"],
-            "dataset": self.cfg["dataset"]["name"],
-            "scenario": self.cfg["split"]["scenario"],
-            "model": self.cfg["model"]["name"],
-            "seed": self.cfg["seed"],
-            "config": self.cfg,
+            "method": s.method,
+            "name": s.name,
+            "dataset": s.dataset.name,
+            "scenario": s.split.scenario,
+            "model": s.model.name,
+            "seed": s.seed,
+            "config": mapping(s),
             "split": self.split,
             "rounds": self.rows,
             "final_test_accuracy": accs[-1] if accs else None,

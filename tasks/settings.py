@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -78,12 +78,13 @@ def setting(
     rule: Range | None = None,
     choices: tuple[str, ...] | None = None,
     ref: str = "",
+    scenario: str = "",
 ) -> Any:
     """One key: its default (whose type is the key's type), one line of help, the range a
-    number must lie in or the strings allowed, and the paper reference."""
-    return field(
-        default=default, metadata={"help": help, "rule": rule, "choices": choices, "ref": ref}
-    )
+    number must lie in or the strings allowed, the paper reference, and the one
+    ``split.scenario`` it means something in ("" = every scenario)."""
+    metadata = {"help": help, "rule": rule, "choices": choices, "ref": ref, "scenario": scenario}
+    return field(default=default, metadata=metadata)
 
 
 def again(section: type, name: str, default: Any) -> Any:
@@ -166,22 +167,26 @@ class SplitSettings:
         "open_world: one letter per class (S seen, L locally unseen, G globally unseen); "
         '`""` = 60% seen, one locally unseen, the rest globally unseen (FedoSSL section 5)',
         ref="FedoSSL section 5",
+        scenario="open_world",
     )
     labeled_fraction: float = setting(
         0.5,
         "open_world: the labeled fraction of each seen class (FedoSSL section 5: 50%)",
         rule=OPEN_UNIT,
         ref="FedoSSL section 5",
+        scenario="open_world",
     )
     role_clients: int = setting(
         0,
         "open_world: the clients the roles are laid over (0 = `num_clients`)",
         rule=between(0, MAX_CLIENTS),
+        scenario="open_world",
     )
     samples_per_class: int = setting(
         0,
         "open_world: training images kept per class (0 = all)",
         rule=between(0, MAX_IMAGES),
+        scenario="open_world",
     )
 
 
@@ -331,6 +336,15 @@ class FederationSettings:
         'one line naming the last round\'s failures, `results.json` with `"status": "failed"` '
         "and the rounds done",
         rule=between(1, MAX_ROUNDS),
+    )
+    average: str = setting(
+        "all",
+        "what the aggregate replaces in the server's model: `all` (parameters and buffers, "
+        "BatchNorm's running statistics included) or `parameters` (the server's model keeps "
+        "its own buffers, as the SSFL benchmark's official code, which averages "
+        "`model.parameters()` only)",
+        choices=("all", "parameters"),
+        ref="SSFL benchmark official code (SyncAllreduce)",
     )
     checkpoint_every: int = setting(
         0,
@@ -537,15 +551,31 @@ def choices_of(cls: type, prefix: str = "") -> dict[str, tuple[str, ...]]:
 T = TypeVar("T")
 
 
-def typed(cls: type[T], values: Mapping[str, Any], algo: type = AlgoSettings) -> T:
-    """The frozen settings object of a checked mapping (``algo``: the method's class)."""
+def typed(
+    cls: type[T], values: Mapping[str, Any], algo: type | Callable[[str], type] = AlgoSettings
+) -> T:
+    """The frozen settings object of a checked mapping. ``algo``: the method's settings
+    class, or a function from the mapping's ``method`` to it (ssfl.registry.settings_of)."""
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         section = nested(f)
         if section is AlgoSettings:
-            kwargs[f.name] = typed(algo, values.get(f.name, {}))
+            own = algo if isinstance(algo, type) else algo(values["method"])
+            kwargs[f.name] = typed(own, values.get(f.name, {}))
         elif section is not None:
             kwargs[f.name] = typed(section, values[f.name])
         else:
             kwargs[f.name] = values[f.name]
     return cls(**kwargs)
+
+
+def mapping(settings: Any) -> dict[str, Any]:
+    """A settings object (or section) as the nested mapping the YAML reader checked: what
+    results.json records, checkpoints compare and the clients receive."""
+    return dataclasses.asdict(settings)
+
+
+def scenario_keys(scenario: str) -> tuple[str, ...]:
+    """The split keys that mean something only in ``scenario`` (declared with it)."""
+    fields = dataclasses.fields(SplitSettings)
+    return tuple(f.name for f in fields if f.metadata.get("scenario") == scenario)

@@ -26,10 +26,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from client_app import app as client_app
 from ssfl.cli import main
 from ssfl.experiment import resolve_config
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from strategies.loop import RoundLoop
 from strategies.parts import ServerSide
 from tasks.partition import get_split
+from tasks.settings import Settings
 from tests.conftest import ROOT
 
 
@@ -90,10 +91,14 @@ class InProcessGrid:
 
 def build_strategy(raw: Mapping[str, Any], on_round=None) -> RoundLoop:
     """A method's server half on CPU for a raw experiment mapping (resolved here)."""
-    cfg = resolve_config(raw)
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
-    return method(cfg["method"]).server_half().strategy(server, on_round or (lambda row: None))
+    return strategy_of(settings_of(resolve_config(raw)), on_round)
+
+
+def strategy_of(settings: Settings, on_round=None) -> RoundLoop:
+    """A method's server half on CPU for checked settings."""
+    ds, split = get_split(settings)
+    server = ServerSide.build(settings, ds, split, torch.device("cpu"))
+    return method(settings.method).server_half().strategy(server, on_round or (lambda row: None))
 
 
 def run_method(raw: Mapping[str, Any], grid: InProcessGrid) -> tuple[list[dict], RoundLoop]:

@@ -17,7 +17,7 @@ from benchmarks.gpu_step import experiment
 from client_app.base import client_data
 from client_app.fixmatch import FixMatchClient
 from ssfl.experiment import resolve_config
-from ssfl.registry import METHODS, method
+from ssfl.registry import METHODS, method, settings_of
 from strategies.loop import RoundLoop
 from strategies.parts import ServerSide
 from tasks.checkpoint import load_checkpoint
@@ -47,8 +47,8 @@ def cuda_raw(name: str, rounds: int, speed: bool = False) -> dict:
 
 def cuda_strategy(raw: dict) -> RoundLoop:
     cfg = resolve_config(raw)
-    dataset, split = get_split(cfg)
-    server = ServerSide.build(cfg, dataset, split, CUDA)
+    dataset, split = get_split(settings_of(cfg))
+    server = ServerSide.build(settings_of(cfg), dataset, split, CUDA)
     return method(cfg["method"]).server_half().strategy(server, lambda row: None)
 
 
@@ -93,9 +93,7 @@ def test_a_resumed_gpu_run_is_within_the_tolerance_of_an_uninterrupted_one(name,
 @pytest.mark.slow
 def test_bf16_and_channels_last_reach_the_clients_model():
     cfg = resolve_config(cuda_raw("fedavg_fixmatch", rounds=1, speed=True))
-    net = model_for(
-        ModelSettings(**cfg["model"]), client_data(json.dumps(cfg, sort_keys=True), 0, CUDA)
-    ).to(CUDA)
+    net = model_for(ModelSettings(**cfg["model"]), client_data(settings_of(cfg), 0, CUDA)).to(CUDA)
     conv = next(p for p in net.parameters() if p.dim() == 4)
     assert conv.is_contiguous(memory_format=torch.channels_last)
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -28,6 +28,7 @@ from ssfl.certs import make_certificates, make_node_key
 from ssfl.cli import parse_node_data
 from ssfl.deploy import SUPERLINK, LocalDeployment, last_error, node_config
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from ssfl.runner import RunFailed, submit_run, write_resolved
 from tasks.config import ConfigError
 from tests.conftest import ROOT
@@ -246,7 +247,7 @@ def test_a_killed_supernode_fails_its_rounds_and_is_used_again_once_restarted(
     raw = {**synthetic_raw, "method": "fedseal", "rounds": 4, "client": {"batch_size": 64}}
     cfg = resolve_config({**raw, "federation": {"timeout_s": 600}})
     out = tmp_path / "out"
-    exp = write_resolved(cfg, out)
+    exp = write_resolved(settings_of(cfg), out)
     home = Path(tempfile.mkdtemp(prefix="ssfl-test-fault-"))
     deployment = LocalDeployment.create(home, out / "logs")
     try:

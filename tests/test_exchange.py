@@ -9,7 +9,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies.loop import REPLY_POLL_MAX_S, exchange
+from strategies.messaging import REPLY_POLL_MAX_S, exchange
 
 
 class DelayedGrid(Grid):

@@ -11,6 +11,7 @@ import yaml
 
 from ssfl.cli import main
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from strategies.parts import ServerSide
 from strategies.parts import TestAccuracy as Accuracy
 from tasks.decompose import Decomposed
@@ -26,8 +27,8 @@ def tiny_run(tmp_path, synthetic_raw):
     """A run folder as a run leaves it: config.yaml and model.pt of a model whose recorded
     test accuracy is its accuracy on the run's test split."""
     cfg = resolve_config({**synthetic_raw, "method": "fedseal"})
-    data, split = get_split(cfg)
-    server = ServerSide.build(cfg, data, split, torch.device("cpu"))
+    data, split = get_split(settings_of(cfg))
+    server = ServerSide.build(settings_of(cfg), data, split, torch.device("cpu"))
     with torch.no_grad():
         for p in server.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -35,7 +36,9 @@ def tiny_run(tmp_path, synthetic_raw):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    save_model(server.model, cfg, data, [{"round": 2, "test_accuracy": acc}], out / MODEL_FILE)
+    save_model(
+        server.model, settings_of(cfg), data, [{"round": 2, "test_accuracy": acc}], out / MODEL_FILE
+    )
     return out, server, acc
 
 
@@ -55,13 +58,13 @@ def test_model_file_has_plain_names_and_what_rebuilds_it(tiny_run):
 
 def test_fedmatch_decomposed_model_is_kept_as_theta(tmp_path, synthetic_raw):
     cfg = resolve_config({**synthetic_raw, "method": "fedmatch"})
-    data, _ = get_split(cfg)
+    data, _ = get_split(settings_of(cfg))
     net = model_for(ModelSettings(**cfg["model"]), data)
     wrapped = Decomposed(net, psi_factor=0.2)
     state = plain_state(wrapped)
     theta = wrapped.theta()
     assert torch.equal(state["features.0.weight"], theta["1.features.0.weight"])
-    save_model(wrapped, cfg, data, [], tmp_path / MODEL_FILE)
+    save_model(wrapped, settings_of(cfg), data, [], tmp_path / MODEL_FILE)
     x = torch.rand(4, 1, 28, 28)
     wrapped.eval()
     assert torch.allclose(load_model(tmp_path / MODEL_FILE)(x), wrapped(x))

@@ -14,14 +14,16 @@ import torch
 from ssfl import cli, gpu, runner
 from ssfl.experiment import resolve_config
 from ssfl.gpu import AUTO_SHARE, auto_share, check_run_device, client_gpu_share
+from ssfl.registry import settings_of
 from tasks.config import ConfigError
 from tasks.results import Recorder
+from tasks.settings import Settings
 from tasks.train import device_name
 from tests.harness import InProcessGrid, run_method, tiny_raw
 
 
-def cfg_of(**sections) -> dict:
-    return resolve_config({"method": "fedavg_fixmatch", **sections})
+def cfg_of(**sections) -> Settings:
+    return settings_of(resolve_config({"method": "fedavg_fixmatch", **sections}))
 
 
 @pytest.mark.parametrize(
@@ -38,7 +40,7 @@ def test_auto_share_is_never_below_rays_resource_step():
 
 
 def test_the_default_share_is_auto_and_follows_device_gpus_and_clients_a_round():
-    assert cfg_of()["simulation"]["num_gpus"] == AUTO_SHARE
+    assert cfg_of().simulation.num_gpus == AUTO_SHARE
     assert client_gpu_share(cfg_of(), gpus=0) == 0.0
     assert client_gpu_share(cfg_of(device="cpu"), gpus=1) == 0.0
     assert client_gpu_share(cfg_of(split={"num_clients": 10}), gpus=1) == 0.1
@@ -103,7 +105,7 @@ def test_clients_report_their_device_and_the_server_its_own(tmp_path):
     assert strategy.devices["server"] == "cpu"
     assert set(strategy.devices["clients"]) == {"0", "1"}  # 2 of 3 clients a round
     assert set(strategy.devices["clients"].values()) == {"cpu"}
-    recorder = Recorder(tmp_path, strategy.server.cfg, {})
+    recorder = Recorder(tmp_path, strategy.server.settings, {})
     recorder.devices = strategy.devices
     recorder.finish()
     assert json.loads((tmp_path / "results.json").read_text())["devices"] == strategy.devices
@@ -121,8 +123,9 @@ import ray
 from ssfl.experiment import resolve_config
 from ssfl.gpu import client_gpu_share
 
+from ssfl.registry import settings_of
 cfg = resolve_config({"method": "fedavg_fixmatch", "split": {"num_clients": 4}})
-share = client_gpu_share(cfg, gpus=1)
+share = client_gpu_share(settings_of(cfg), gpus=1)
 ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, logging_level="ERROR",
          runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
 

@@ -12,6 +12,7 @@ import pytest
 
 from ssfl.experiment import resolve_config
 from ssfl.progress import strip_ansi
+from ssfl.registry import settings_of
 from ssfl.runner import (
     SIZE_WARNING,
     LocalSuperLink,
@@ -28,7 +29,7 @@ def test_federation_config_runs_one_supernode_per_client():
     cfg = resolve_config(
         {"split": {"num_clients": 3}, "simulation": {"num_cpus": 2, "num_gpus": 0.5}}
     )
-    pairs = dict(item.split("=") for item in federation_config(cfg).split())
+    pairs = dict(item.split("=") for item in federation_config(settings_of(cfg)).split())
     assert pairs == {
         "num-supernodes": "3",
         "client-resources-num-cpus": "2",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+from ssfl.registry import METHODS
 from tests.conftest import ROOT
 
 PACKAGES = ("client_app", "server_app", "strategies", "tasks", "ssfl", "benchmarks")
@@ -115,3 +117,33 @@ def test_the_flower_free_layer_imports_no_other_layer():
     for module, targets in graph.items():
         if module.startswith("tasks"):
             assert all(t.startswith("tasks") for t in targets), (module, targets)
+
+
+# The YAML reader and the declarations: the only modules that read the config as a dict.
+CONFIG_READERS = ("tasks/settings.py", "tasks/config.py", "ssfl/experiment.py")
+DICT_READ = re.compile(r"\b(?:cfg|algo)\[")
+PAPER_NAMES = ("FedSEAL", "FedMatch", "FedSup", "FedoSSL", "FedRGD", "FixMatch", "SSFL benchmark")
+
+
+def code_files() -> list[Path]:
+    folders = ("ssfl", "strategies", "client_app", "server_app", "tasks", "benchmarks")
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_only_the_yaml_reader_reads_the_config_as_a_dict():
+    readers = {ROOT / path for path in CONFIG_READERS}
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in code_files()
+        if path not in readers
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if DICT_READ.search(line)
+    ]
+    assert found == []
+    assert DICT_READ.search('x = cfg["split"]') and DICT_READ.search("algo['tau']")
+
+
+def test_the_round_loop_names_no_method():
+    text = (ROOT / "strategies/loop.py").read_text()
+    names = [*METHODS, *PAPER_NAMES]
+    assert [n for n in names if re.search(rf"\b{re.escape(n)}\b", text, re.I)] == []

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ssfl.experiment import resolve_config
-from ssfl.registry import METHODS
+from ssfl.registry import METHODS, settings_of
 from tasks.config import RULES, ConfigError, deep_merge, flatten
 from tasks.partition import get_split
 from tasks.settings import Range, keys_of, rules_of
@@ -226,7 +226,7 @@ def deadline(seconds: int) -> Iterator[None]:
 def test_an_accepted_value_completes_a_round_or_its_data_refuses_it(name, key, probe):
     raw = probed(name, key, probe)
     try:
-        get_split(resolve_config(raw))
+        get_split(settings_of(resolve_config(raw)))
     except ConfigError as err:  # ssfl run's data check: exit 2 with this line
         assert "\n" not in str(err)
         return
@@ -254,5 +254,5 @@ def test_cli_refuses_a_negative_learning_rate_with_exit_2_and_one_line():
 def test_a_split_the_data_cannot_hold_is_one_line(split, pattern):
     cfg = resolve_config(deep_merge(raw_for(REFERENCE), {"split": split}))
     with pytest.raises(ConfigError, match=pattern) as err:
-        get_split(cfg)
+        get_split(settings_of(cfg))
     assert "\n" not in str(err.value)

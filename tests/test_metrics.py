@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from tasks.checkpoint import save_checkpoint
 from tasks.metrics import calibration, confident_share, expected_calibration_error, reliability_bins
 from tests.conftest import ROOT
@@ -80,7 +81,7 @@ def test_the_script_measures_a_kept_checkpoints_model_and_refuses_another_runs(
     exp = tmp_path / "exp.yaml"
     exp.write_text(json.dumps(synthetic_raw))
     cfg = resolve_config(synthetic_raw)
-    dataset_model = script.server_model(cfg, None)[0].model
+    dataset_model = script.server_model(settings_of(cfg), None)[0].model
     state = {"round": 3, "config": json.dumps(cfg), "model": dataset_model.state_dict()}
     save_checkpoint(state, tmp_path / "checkpoint-r003.pt")
     out = tmp_path / "out"
@@ -96,7 +97,7 @@ def test_the_script_measures_a_kept_checkpoints_model_and_refuses_another_runs(
     report = json.loads((out / "calibration.json").read_text())
     assert report["model"] == "the global model after round 3"
     assert set(report["sets"]) == set(script.SETS) and (out / "reliability.png").stat().st_size
-    users = sum(len(c) for c in script.get_split(cfg)[1].clients)
+    users = sum(len(c) for c in script.get_split(settings_of(cfg))[1].clients)
     assert report["sets"]["weak views"]["images"] == users == 3 * 200
     assert report["sets"]["test set"]["images"] == 400
     for name in script.SETS:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ssfl.experiment import resolve_config, resolve_experiment
-from ssfl.registry import method
+from ssfl.registry import method, settings_of
 from strategies.parts import ServerSide
 from tasks.config import flatten, read_yaml
 from tasks.partition import get_split
@@ -49,9 +49,9 @@ def test_unset_keys_take_the_methods_defaults_and_set_ones_are_kept(path):
 
 def sampled_round(cfg: dict) -> tuple[list[dict], int, ServerSide]:
     """One round of a 100-client config on the in-process grid: rows, trained clients, server."""
-    ds, split = get_split(cfg)
+    ds, split = get_split(settings_of(cfg))
     assert ds.train_x.shape[1:] == (3, 32, 32) and len(split.clients) == 100
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    server = ServerSide.build(settings_of(cfg), ds, split, torch.device("cpu"))
     rows: list[dict] = []
     grid = InProcessGrid(100)
     method(cfg["method"]).server_half().strategy(server, rows.append).start(grid, num_rounds=1)
@@ -86,8 +86,8 @@ SSFL_SHRINK = [
 
 
 def run_one_round(cfg: dict) -> list[dict]:
-    ds, split = get_split(cfg)
-    server = ServerSide.build(cfg, ds, split, torch.device("cpu"))
+    ds, split = get_split(settings_of(cfg))
+    server = ServerSide.build(settings_of(cfg), ds, split, torch.device("cpu"))
     rows: list[dict] = []
     grid = InProcessGrid(cfg["split"]["num_clients"])
     method(cfg["method"]).server_half().strategy(server, rows.append).start(grid, num_rounds=1)

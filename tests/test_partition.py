@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.registry import settings_of
 from tasks import partition
 from tasks.config import ConfigError
 from tasks.data import make_synthetic
@@ -20,7 +21,7 @@ def split_cfg(**split):
 
 
 def test_fmnist_las_sizes_and_disjointness():
-    ds, split = get_split(split_cfg())
+    ds, split = get_split(settings_of(split_cfg()))
     labels = ds.train_y.numpy()
     assert len(split.server_labeled) == 500 and len(split.val) == 200 and len(split.test) == 3000
     assert np.bincount(labels[split.server_labeled]).tolist() == [50] * 10
@@ -33,7 +34,7 @@ def test_fmnist_las_sizes_and_disjointness():
 
 
 def test_split_is_deterministic_in_the_seed():
-    ds, a = get_split(split_cfg())
+    ds, a = get_split(settings_of(split_cfg()))
     b = make_split(ds, SplitSettings(**split_cfg()["split"]), 0)
     c = make_split(ds, SplitSettings(**split_cfg()["split"]), 1)
     assert all(np.array_equal(x, y) for x, y in zip(a.clients, b.clients))
@@ -52,23 +53,23 @@ def test_noniid_r_metric_on_hand_made_histograms():
 @pytest.mark.parametrize("target", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
 def test_ssfl_partitioner_hits_target_r(target):
     cfg = split_cfg(partitioner="noniid_r", target_r=target, labeled_per_class=100)
-    _, split = get_split(cfg)
+    _, split = get_split(settings_of(cfg))
     assert abs(split.summary["noniid_r"] - target) <= 0.02
 
 
 def test_random_classes_and_fedmatch_imbalanced():
-    ds, split = get_split(split_cfg(partitioner="random_classes"))
+    ds, split = get_split(settings_of(split_cfg(partitioner="random_classes")))
     labels = ds.train_y.numpy()
     hists = np.array([np.bincount(labels[c], minlength=10) for c in split.clients])
     assert (hists.sum(axis=1) == 1200).all() and split.summary["noniid_r"] > 0.2
-    _, fm = get_split(split_cfg(partitioner="fedmatch_imbalanced", num_clients=12))
+    _, fm = get_split(settings_of(split_cfg(partitioner="fedmatch_imbalanced", num_clients=12)))
     h = np.array(fm.summary["client_histograms"])
     assert h[3].argmax() == 3 and h[3, 3] == 600 and h[3, 4] == 180 and h[3, 2] == 180
     assert np.array_equal(h[0], h[10])  # client k takes type k mod 10
 
 
 def test_dirichlet_uses_every_pool_sample_once():
-    _, split = get_split(split_cfg(partitioner="dirichlet", dirichlet_alpha=0.3))
+    _, split = get_split(settings_of(split_cfg(partitioner="dirichlet", dirichlet_alpha=0.3)))
     sizes = [len(c) for c in split.clients]
     assert sum(sizes) == 12000 and len(set(sizes)) > 1
     assert len(np.unique(np.concatenate(split.clients))) == 12000
@@ -144,7 +145,7 @@ def test_ssfl_fmnist_split_shares_out_the_rest_at_target_r(target):
     """The shipped SSFL Fashion-MNIST split (client_size 0: every image left, App. A.2)."""
     sets = [f"dataset.{k}={v}" for k, v in SYNTHETIC.items()] + [f"split.target_r={target}"]
     cfg = resolve_experiment(ROOT / "experiments/ssfl-fmnist/crl_gn.yaml", sets=sets)
-    ds, split = get_split(cfg)
+    ds, split = get_split(settings_of(cfg))
     scfg, k = cfg["split"], cfg["split"]["num_clients"]
     left = len(ds.train_y) - ds.num_classes * scfg["labeled_per_class"] - scfg["val_size"]
     assert split.summary["client_sizes"] == [left // k] * k

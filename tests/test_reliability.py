@@ -18,8 +18,10 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 import ssfl.runner
 from ssfl.cli import main
 from ssfl.experiment import resolve_config, reusable
+from ssfl.registry import settings_of
 from ssfl.runner import RunFailed, submit_run
-from strategies.loop import RunStalled, failure_cause
+from strategies.loop import RunStalled
+from strategies.messaging import failure_cause
 from strategies.parts import numpy_state
 from tasks.config import ConfigError
 from tasks.results import Recorder
@@ -257,23 +259,23 @@ def test_max_failed_rounds_is_an_integer_of_at_least_one():
 def test_results_record_the_status(tmp_path):
     cfg = resolve_config({})
     row = {"round": 1, "test_accuracy": 0.5, "test_loss": 1.0, "seconds": 0.1}
-    done = Recorder(tmp_path / "done", cfg, {})
+    done = Recorder(tmp_path / "done", settings_of(cfg), {})
     done.add_round(row)
     assert done.finish()["status"] == "completed" and "failure" not in done.results()
-    failed = Recorder(tmp_path / "failed", cfg, {})
+    failed = Recorder(tmp_path / "failed", settings_of(cfg), {})
     failed.add_round(row)
     failed.finish(failure="no client update accepted")
     written = json.loads((tmp_path / "failed" / "results.json").read_text())
     assert written["status"] == "failed" and written["failure"] == "no client update accepted"
     assert len(written["rounds"]) == 1
-    assert not reusable(written, cfg) and reusable(done.results(), cfg)
+    assert not reusable(written, settings_of(cfg)) and reusable(done.results(), settings_of(cfg))
 
 
 def test_results_record_what_the_cpu_numbers_depend_on(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        done = Recorder(tmp_path, resolve_config({}), {})
+        done = Recorder(tmp_path, settings_of(resolve_config({})), {})
         done.add_round({"round": 1, "test_accuracy": 0.5, "test_loss": 1.0, "seconds": 0.1})
         written = json.loads(json.dumps(done.finish()["host"]))
     finally:

@@ -8,8 +8,10 @@ import pytest
 
 import ssfl.reproduce
 from ssfl.experiment import CellFolders, resolve_experiment
+from ssfl.registry import settings_of
 from ssfl.reproduce import TABLES, cell_dir, reproduce
 from tasks.config import ConfigError
+from tasks.settings import mapping
 from tests.conftest import ROOT
 
 
@@ -62,7 +64,8 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
     write_table_cells(tmp_path, ACCS)
     ran = []
 
-    def fake_run(cfg, out, stream):
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
         ran.append((cfg["method"], cfg["client"]["lr"], out.name))
         return fake_results(0.5, 3, cfg)
 
@@ -83,9 +86,9 @@ def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
     moved["dataset"]["root"] = "/elsewhere"
     moved["federation"]["min_clients"] = 1
     moved["simulation"]["num_gpus"] = 0.5
-    assert same_config(moved, cfg)
+    assert same_config(moved, settings_of(cfg))
     moved["algo"]["tau_max"] = 1.0
-    assert not same_config(moved, cfg)
+    assert not same_config(moved, settings_of(cfg))
 
 
 def test_no_run_tables_the_finished_cells_only(tmp_path, monkeypatch):
@@ -129,7 +132,8 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
 
     labels = {cell_dir(tmp_path, r, c): r.label for r in table.rows for c in table.columns}
 
-    def fake_run(cfg, out, stream):
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
         ran.append(out.name)
         acc = accs[labels[out]]
         return {
@@ -218,7 +222,8 @@ def test_missing_seeds_run_with_the_seed_in_their_config(tmp_path, monkeypatch):
     assert "| FedSEAL | 0.8450 ± 0.0071 (n = 2) | 0.8418 |" in text
     ran = []
 
-    def fake_run(cfg, out, stream):
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
         ran.append((cfg["seed"], out.parent.name, out.name))
         return fake_results(0.9, 12, cfg)
 
@@ -277,7 +282,8 @@ def test_ssfl_fig2_runs_every_variant_per_seed_and_judges_gains_over_self_traini
     }
     ran = []
 
-    def fake_run(cfg, out, stream):
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
         ran.append((cfg["name"], cfg["seed"], out.parent.name))
         return fake_results(accs[cfg["name"]][cfg["seed"]], 12, cfg)
 

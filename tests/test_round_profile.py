@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from tests.conftest import ROOT
 
 
@@ -30,7 +31,7 @@ def test_a_profiled_round_attributes_its_wall_time_once_and_records_each_clients
 ):
     split = {**synthetic_raw["split"], "client_size": 100}
     cfg = resolve_config({**synthetic_raw, "rounds": 1, "split": split})
-    traces, models = profile.profiled_rounds(cfg)
+    traces, models = profile.profiled_rounds(settings_of(cfg))
     assert len(traces) == 1
     for trace in traces:
         attributed = sum(trace.seconds.values())

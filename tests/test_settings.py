@@ -24,6 +24,7 @@ from tasks.settings import (
     defaults_of,
     keys_of,
     rules_of,
+    scenario_keys,
     setting,
     typed,
 )
@@ -127,6 +128,22 @@ def test_an_open_world_key_outside_the_open_world_is_refused():
         "config key 'split.class_roles': an open_world key; split.scenario is "
         "labels_at_server (leave it at '')"
     )
+
+
+@pytest.mark.parametrize(
+    "key, value", [("labeled_fraction", 0.25), ("role_clients", 2), ("samples_per_class", 8)]
+)
+def test_every_key_declared_for_the_open_world_is_refused_outside_it(key, value):
+    assert scenario_keys("open_world") == (
+        "class_roles",
+        "labeled_fraction",
+        "role_clients",
+        "samples_per_class",
+    )
+    raw = tiny_raw("fedseal")
+    raw["split"][key] = value
+    with pytest.raises(ConfigError, match=f"'split.{key}': an open_world key"):
+        resolve_config(raw)
 
 
 def test_only_a_method_that_trains_on_the_open_world_split_accepts_it():

@@ -14,6 +14,7 @@ import torch
 
 from client_app.base import MOMENTUM_KEY
 from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.registry import settings_of
 from tasks import aggregate
 from tasks.aggregate import assign_groups, average_with_server, group_average, weight_diversity
 from tasks.checkpoint import save_checkpoint
@@ -263,7 +264,7 @@ def test_r_partitioner_on_the_ssfl_fmnist_split(data_dir, target):
         ROOT / "experiments/ssfl-fmnist/crl_gn.yaml",
         sets=[f"dataset.root={data_dir}", f"split.target_r={target}"],
     )
-    _, split = get_split(cfg)
+    _, split = get_split(settings_of(cfg))
     assert abs(split.summary["noniid_r"] - target) <= 0.02
     assert split.summary["client_sizes"] == [5900] * 10 and split.summary["server_labeled"] == 1000
 
@@ -353,15 +354,15 @@ def test_local_drift_benchmark_runs_every_user_for_t_steps(tmp_path):
     raw = ssfl_raw("fedavg_with_server")
     raw["server"]["bootstrap_epochs"] = 1
     cfg = resolve_config(raw)
-    start, accuracy = drift_module.bootstrapped(cfg)
-    row = drift_module.drift(cfg, start, 2)
+    start, accuracy = drift_module.bootstrapped(settings_of(cfg))
+    row = drift_module.drift(settings_of(cfg), start, 2)
     assert row["steps"] == 2 and len(row["user_accuracy"]) == 4
     assert all(m["local_steps"] == 2 for m in row["user_metrics"])
     assert 0.0 <= row["average_accuracy"] <= 1.0 and 0.0 <= accuracy <= 1.0
     save_checkpoint({"round": 4, "config": json.dumps(cfg), "model": start}, tmp_path / "c.pt")
-    kept, kept_accuracy = drift_module.checkpointed(cfg, tmp_path / "c.pt")
+    kept, kept_accuracy = drift_module.checkpointed(settings_of(cfg), tmp_path / "c.pt")
     assert kept_accuracy == accuracy
     assert all(torch.equal(kept[k], start[k]) for k in start)
     other = resolve_config({**raw, "seed": 3})
     with pytest.raises(SystemExit, match=r"^local_drift: --checkpoint: the config differs"):
-        drift_module.checkpointed(other, tmp_path / "c.pt")
+        drift_module.checkpointed(settings_of(other), tmp_path / "c.pt")

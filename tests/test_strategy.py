@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from ssfl.experiment import resolve_config
+from ssfl.registry import settings_of
 from strategies.loop import RoundStats
 from tasks.models import model_for
 from tasks.results import Recorder
 from tasks.train import evaluate
-from tests.harness import InProcessGrid, run_method
+from tests.harness import InProcessGrid, build_strategy, run_method
 
 
 def run(raw: dict, grid: InProcessGrid) -> list[dict]:
@@ -214,9 +216,50 @@ def test_eval_every_tests_only_the_asked_rounds_and_the_last_without_changing_tr
         assert row["train_loss"] == full["train_loss"]
         if row["round"] in tested:
             assert row["test_accuracy"] == full["test_accuracy"]
-    recorder = Recorder(tmp_path, resolve_config({**raw, "eval": {"every": 2}}), {})
+    recorder = Recorder(tmp_path, settings_of(resolve_config({**raw, "eval": {"every": 2}})), {})
     for row in rows:
         recorder.add_round(row)
     results = recorder.finish()
     assert results["final_test_accuracy"] == rows[-1]["test_accuracy"]
     assert results["best_test_accuracy"] == max(rows[i]["test_accuracy"] for i in (1, 2))
+
+
+def test_start_sends_train_config_to_every_client_and_records_evaluate_fn(synthetic_raw):
+    grid = InProcessGrid(3)
+    rows: list[dict] = []
+    strategy = build_strategy({**synthetic_raw, "method": "fedavg_fixmatch"}, rows.append)
+    seen = []
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        seen.append((server_round, sorted(arrays.keys()) == sorted(strategy.server.arrays())))
+        return MetricRecord({"outside_metric": float(server_round)})
+
+    strategy.start(
+        grid, num_rounds=2, train_config=ConfigRecord({"note": 7}), evaluate_fn=evaluate_fn
+    )
+    trained = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(trained) == 6 and all(m.content["config"]["note"] == 7 for m in trained)
+    assert [m.content["config"]["round"] for m in trained] == [1, 1, 1, 2, 2, 2]
+    assert seen == [(1, True), (2, True)]
+    assert [r["outside_metric"] for r in rows] == [1.0, 2.0]
+
+
+def test_start_refuses_an_evaluate_config_before_any_message(synthetic_raw):
+    grid = InProcessGrid(3)
+    strategy = build_strategy(synthetic_raw)
+    with pytest.raises(ValueError, match="evaluate_config"):
+        strategy.start(grid, num_rounds=1, evaluate_config=ConfigRecord({"a": 1}))
+    assert grid.sent == []
+
+
+def test_aggregate_train_is_the_round_s_aggregate_and_its_metrics(synthetic_raw):
+    grid = InProcessGrid(3)
+    _, strategy = run_method(synthetic_raw, grid)
+    replies = [r for r in grid.replies if r.metadata.message_type == "train"][-3:]
+    strategy.stats, strategy.sent_ids = RoundStats(), {}
+    arrays, metrics = strategy.aggregate_train(2, replies)
+    assert sorted(arrays.keys()) == sorted(strategy.server.arrays().keys())
+    assert 0.0 <= metrics["mask_rate"] <= 1.0 and strategy.stats.replies == 3
+    assert [u.pid for u in strategy.updates] == [0, 1, 2]
+    strategy.stats = RoundStats()
+    assert strategy.aggregate_train(3, []) == (None, None)

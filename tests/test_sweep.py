@@ -13,6 +13,7 @@ from ssfl.experiment import CellFolders, resolve_experiment
 from ssfl.sweep import cell_dir, cell_overrides, grid_cells, parse_grid, sweep
 from tasks.config import ConfigError
 from tasks.results import plot_curves, plot_sweep
+from tasks.settings import mapping
 
 
 def test_parse_grid_and_cells():
@@ -65,7 +66,8 @@ def test_sweep_reuses_matching_cells_and_reruns_stale_ones(tmp_path, synthetic_r
         (cell_dir(out, cell) / "results.json").write_text(json.dumps(fake_results(stored, acc)))
     ran = []
 
-    def fake_run(cfg, path, stream=True):
+    def fake_run(settings, path, stream=True):
+        cfg = mapping(settings)
         ran.append(path)
         return fake_results(cfg, 0.7)
 

@@ -1,0 +1,63 @@
+"""Messaging with the clients, Flower-facing and method-free: pushing a round's messages and
+pulling their replies, and turning a failed client's relayed traceback into one line."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+# Replies are pulled after a wait of this share of the time already waited, kept within
+# [REPLY_POLL_MIN_S, REPLY_POLL_MAX_S]: a reply is seen at most ~1% of the round late.
+# (Flower's HttpGrid, the ServerApp's grid under a SuperLink, pulls every 3 s.)
+REPLY_POLL_SHARE = 0.01
+REPLY_POLL_MIN_S = 0.01
+REPLY_POLL_MAX_S = 0.25
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds
+    passed (Grid.send_and_receive's contract, polled as REPLY_POLL_SHARE says). A grid
+    that is not Flower's (the tests' in-process one) is asked with its send_and_receive."""
+    if not isinstance(grid, Grid):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    pending = set(grid.push_messages(messages))
+    started = time.monotonic()
+    replies: list[Message] = []
+    while pending:
+        pulled = list(grid.pull_messages(pending))
+        replies.extend(pulled)
+        pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
+        waited = time.monotonic() - started
+        if not pending or waited >= timeout:
+            break
+        pause = min(max(waited * REPLY_POLL_SHARE, REPLY_POLL_MIN_S), REPLY_POLL_MAX_S)
+        time.sleep(min(pause, timeout - waited))
+    return replies
+
+
+# A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".
+EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]*\.)?(\w*(?:Error|Exception|Exit|Interrupt)): (\S.*)$")
+# A deployed ClientApp's exception as Flower relays it: "<class 'a.b.ConfigError'>:<'...'>".
+RELAYED = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>$", re.S)
+
+
+def failure_cause(reason: str) -> str:
+    """A failed client's reason cut to its cause: the last exception line with a message in
+    the traceback Flower relays (Ray wraps the client's own error), else the exception of a
+    deployed ClientApp, else the whole text."""
+    causes = [
+        m.group(1) + ": " + m.group(2) for m in map(EXCEPTION_LINE.match, reason.splitlines()) if m
+    ]
+    relayed = RELAYED.match(reason.strip())
+    if not causes and relayed:
+        causes = [relayed.group(1) + ": " + relayed.group(2)]
+    return one_line(causes[-1] if causes else reason)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (a traceback's lines joined), at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
