@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
 
 from client_app.base import ClientHalf
-from tasks.augment import RandAugment, augment_grouped
+from tasks.augment import OfficialRandAugment, RandAugment, augment_grouped
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -57,6 +57,15 @@ class FedMatchSettings(RandAugmentSettings):
     implementations.md; paper Table 4); labels-at-client experiments set their own."""
 
     randaugment_m: float = again(RandAugmentSettings, "randaugment_m", 5.0)  # official: 2..5
+    strong_view: str = setting(
+        "ours",
+        "pi(u) of eq. 2: `ours` = RandAugment(`randaugment_n`, `randaugment_m`); `official` "
+        "= the official code's draw: 6 ops a view, each at its own level l in 0..M-1 with M "
+        "in 2..5 drawn per view, our op ranges at l/9 of their maximum, rotation by exactly "
+        "40 x l degrees (`randaugment_n`, `randaugment_m` unused)",
+        choices=("ours", "official"),
+        ref="FedMatch official randaug.py, loader.py",
+    )
     decomposition: bool = setting(
         True,
         'false: theta = sigma (the "FedMatch (w/o)" ablation)',
@@ -122,6 +131,19 @@ STATE_KEY = "fedmatch"
 def randaugment(n: int, m: float, channels: int, device: str) -> RandAugment:
     """The RandAugment view pi(u) of eq. 2, built once per process."""
     return RandAugment(n, m, channels).to(device)
+
+
+@functools.lru_cache(maxsize=4)
+def official_randaugment(channels: int, device: str) -> OfficialRandAugment:
+    """pi(u) as the official code draws it (randaug.py, loader.py), built once per process."""
+    return OfficialRandAugment(channels).to(device)
+
+
+def strong_view(algo: FedMatchSettings, channels: int, device: str) -> torch.nn.Module:
+    """The view pi(u) of eq. 2 that ``algo.strong_view`` names."""
+    if algo.strong_view == "official":
+        return official_randaugment(channels, device)
+    return randaugment(algo.randaugment_n, algo.randaugment_m, channels, device)
 
 
 class FedMatchClient(ClientHalf):
@@ -193,7 +215,7 @@ class FedMatchClient(ClientHalf):
         steps = 0
         model.train()
         algo = self.algo
-        view = randaugment(algo.randaugment_n, algo.randaugment_m, d.channels, str(self.device))
+        view = strong_view(algo, d.channels, str(self.device))
         batches = (
             idx.to(d.x.device)
             for _ in range(ccfg.epochs)

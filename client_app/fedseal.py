@@ -9,13 +9,15 @@ is not sampled add nothing: the mean is over the models it actually received, so
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord
+from torch import nn
 
 from client_app.base import ClientHalf
-from tasks.augment import augment_grouped
+from tasks.augment import RandAugment, augment_grouped
 from tasks.losses import proximal_term
 from tasks.selfensemble import (
     complementary_labels,
@@ -34,6 +36,15 @@ STATE_KEY = "fedseal"
 @dataclass(frozen=True)
 class FedSEALSettings(RandAugmentSettings):
     """FedSEAL's keys; the strong view A(.) of eq. 14 is RandAugment (4.2.3)."""
+
+    strong_view: str = setting(
+        "fixmatch",
+        "A(.) of eq. 14: `fixmatch` = FixMatch's strong view, the weak view (flip, shift by "
+        "`augment.weak_shift`), RandAugment(`randaugment_n`, `randaugment_m`), then Cutout "
+        "(ours); `paper` = RandAugment alone, as 4.2.3 states it",
+        choices=("fixmatch", "paper"),
+        ref="FedSEAL 4.2.3",
+    )
 
     theta: float = setting(
         0.05, "complementary threshold theta of eq. 11", rule=UNIT, ref="FedSEAL 5.2.1"
@@ -79,10 +90,25 @@ class FedSEALSettings(RandAugmentSettings):
     )
 
 
+@functools.lru_cache(maxsize=4)
+def paper_view(n: int, m: float, channels: int, device: str) -> RandAugment:
+    """A(.) as FedSEAL 4.2.3 states it, RandAugment(n, m) alone, built once per process."""
+    return RandAugment(n, m, channels).to(device)
+
+
 class FedSEALClient(ClientHalf):
     """Local training on D+ (strong view, cross-entropy) and D- (complementary labels)."""
 
     honours = ClientHalf.honours | {"client.proximal_mu"}
+
+    def strong_view(self) -> nn.Module:
+        """A(.) of eq. 14, as ``algo.strong_view`` names it."""
+        algo = self.algo
+        if algo.strong_view == "paper":
+            return paper_view(
+                algo.randaugment_n, algo.randaugment_m, self.data.channels, str(self.device)
+            )
+        return self.augmenters()[1]
 
     def ensemble(self, probs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Update the stored self-ensemble with this round's predictions (eq. 8)."""
@@ -142,7 +168,7 @@ class FedSEALClient(ClientHalf):
         batches with neither are skipped.
         """
         d, ccfg = self.data, self.settings.client
-        _, strong = self.augmenters()
+        strong = self.strong_view()
         opt = self.optimizer()
         mu = ccfg.proximal_mu
         anchor = [p.detach().clone() for p in self.model.parameters()] if mu > 0 else []

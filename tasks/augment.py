@@ -6,6 +6,8 @@ Strong: weak, then RandAugment (n ops per sample, each op and its magnitude draw
 per sample, magnitude up to m/10 of its range, as in FixMatch's RandAugment),
 then Cutout. kornia's own ``auto.RandAugment`` draws one sub-policy per batch, so
 the op choice per sample is done here; the image ops themselves are kornia's.
+FedMatch's official view (:class:`OfficialRandAugment`) draws the op count, the
+magnitude levels and the rotations as the official code (randaug.py, loader.py).
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ class WeakAugment(nn.Module):
         return self.ops(x)
 
 
-def randaugment_ops(magnitude: float, channels: int) -> list[nn.Module]:
-    """The RandAugment op list with ranges scaled by magnitude in [0, 1]."""
+def randaugment_ops(
+    magnitude: float, channels: int, rotation: nn.Module | None = None
+) -> list[nn.Module]:
+    """The RandAugment op list with ranges scaled by magnitude in [0, 1] (``rotation``:
+    another rotation op in place of the one up to 30 degrees either way)."""
     m = magnitude
     ops: list[nn.Module] = [
         nn.Identity(),
         K.RandomAutoContrast(p=1.0),
         K.RandomEqualize(p=1.0),
-        K.RandomRotation(degrees=30.0 * m, p=1.0),
+        K.RandomRotation(degrees=30.0 * m, p=1.0) if rotation is None else rotation,
         K.RandomSolarize(thresholds=(0.5 * m), additions=0.0, p=1.0),
         K.RandomPosterize(bits=(max(1.0, 8.0 - 4.0 * m), 8.0), p=1.0),
         # PIL's ImageEnhance semantics, as FixMatch's RandAugment: contrast blends with the
@@ -71,12 +76,63 @@ class RandAugment(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.n):
             choice = torch.randint(len(self.ops), (x.shape[0],), device=x.device)
-            out = x.clone()
-            for i, op in enumerate(self.ops):
-                sel = torch.nonzero(choice == i).squeeze(1)
-                if sel.numel():
-                    out[sel] = op(x[sel]).clamp(0.0, 1.0)
-            x = out
+            x = apply_chosen(x, choice, self.ops)
+        return x
+
+
+def apply_chosen(x: torch.Tensor, choice: torch.Tensor, ops: Sequence[nn.Module]) -> torch.Tensor:
+    """Sample i through ``ops[choice[i]]`` (one call per op on its samples), clamped to [0, 1]."""
+    out = x.clone()
+    for i, op in enumerate(ops):
+        sel = torch.nonzero(choice == i).squeeze(1)
+        if sel.numel():
+            out[sel] = op(x[sel]).clamp(0.0, 1.0)
+    return out
+
+
+# FedMatch official randaug.py: 13 ops, N = len(ops) // 2 of them a view.
+OFFICIAL_OPS_PER_VIEW = 6
+# FedMatch official loader.py draws M = random.randint(2, 5) per image; randaug.py then
+# draws each op's level in 0..M-1 and reads its strength from np.linspace(0, max, 10).
+OFFICIAL_BOUNDS = (2, 5)
+OFFICIAL_LEVELS = 10
+# randaug.py: rotate = np.linspace(0, 360, 10)[level] degrees, always the same way round
+# (PIL's and kornia's positive angle: counter-clockwise); kornia fills with black, PIL 128.
+OFFICIAL_DEGREES_PER_LEVEL = 40.0
+
+
+def official_level_ops(level: int, channels: int) -> list[nn.Module]:
+    """Our RandAugment ops at one official level: ranges at level / 9 of their maximum,
+    rotation by exactly 40 x level degrees (FedMatch official randaug.py)."""
+    degrees = OFFICIAL_DEGREES_PER_LEVEL * level
+    rotation = K.RandomRotation(degrees=(degrees, degrees), p=1.0)
+    return randaugment_ops(level / (OFFICIAL_LEVELS - 1), channels, rotation)
+
+
+class OfficialRandAugment(nn.Module):
+    """FedMatch's strong view as its official code draws it (loader.py, randaug.py): per
+    image a bound M in 2..5, then 6 ops, each with its own level in 0..M-1; the ops are
+    ours (:func:`randaugment_ops`) at that level (:func:`official_level_ops`)."""
+
+    def __init__(self, channels: int = 1, n: int = OFFICIAL_OPS_PER_VIEW):
+        super().__init__()
+        self.n = n
+        by_level = [official_level_ops(level, channels) for level in range(OFFICIAL_BOUNDS[1])]
+        self.per_level = len(by_level[0])
+        self.ops = nn.ModuleList(op for ops in by_level for op in ops)
+
+    def draw(self, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ops, levels), each (size, n): every image's op indices and their levels."""
+        low, high = OFFICIAL_BOUNDS
+        bound = torch.randint(low, high + 1, (size, 1), device=device)
+        ops = torch.randint(self.per_level, (size, self.n), device=device)
+        levels = (torch.rand(size, self.n, device=device) * bound).long()
+        return ops, levels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops, levels = self.draw(x.shape[0], x.device)
+        for k in range(self.n):
+            x = apply_chosen(x, levels[:, k] * self.per_level + ops[:, k], self.ops)
         return x
 
 
