@@ -62,7 +62,8 @@ class FedMatchSettings(RandAugmentSettings):
         "pi(u) of eq. 2: `ours` = RandAugment(`randaugment_n`, `randaugment_m`); `official` "
         "= the official code's draw: 6 ops a view, each at its own level l in 0..M-1 with M "
         "in 2..5 drawn per view, our op ranges at l/9 of their maximum, rotation by exactly "
-        "40 x l degrees (`randaugment_n`, `randaugment_m` unused)",
+        "40 x l degrees (`randaugment_n`, `randaugment_m` are then refused unless at their "
+        "defaults)",
         choices=("ours", "official"),
         ref="FedMatch official randaug.py, loader.py",
     )

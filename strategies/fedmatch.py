@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from torch import nn
 
+from client_app.fedmatch import FedMatchSettings
 from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
@@ -249,6 +250,20 @@ class SparseSync(DenseCodec):
         return torch.softmax(logits, dim=1)[0].cpu().numpy()
 
 
+def check_official_view(algo: FedMatchSettings) -> None:
+    """The official view draws its own ops and levels: a RandAugment key set away from its
+    default would be ignored, so it is refused."""
+    if algo.strong_view != "official":
+        return
+    declared = FedMatchSettings()
+    for key in ("randaugment_n", "randaugment_m"):
+        if getattr(algo, key) != getattr(declared, key):
+            raise ConfigError(
+                f"config key 'algo.{key}': unused with algo.strong_view official (it draws 6 "
+                f"ops at levels in 0..M-1, M in 2..5); leave it at {getattr(declared, key)!r}"
+            )
+
+
 class FedMatch(ServerHalf):
     """Server half of FedMatch for both scenarios (``split.scenario``)."""
 
@@ -281,6 +296,7 @@ class FedMatch(ServerHalf):
                 "config key 'server.local_steps': fedmatch trains sigma in epochs "
                 "(server.epochs); set it to 0"
             )
+        check_official_view(settings.algo)
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:

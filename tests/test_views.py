@@ -22,6 +22,7 @@ from tasks.augment import (
 )
 from tasks.config import ConfigError
 from tasks.train import seeded
+from tests.harness import tiny_raw
 
 
 class AddStep(nn.Module):
@@ -162,3 +163,13 @@ def test_strong_view_refuses_a_non_string(method):
     with pytest.raises(ConfigError, match=r"'algo.strong_view': expected str") as err:
         resolve_config({"method": method, "algo": {"strong_view": 6}})
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [("randaugment_n", 3), ("randaugment_m", 8.0)])
+def test_the_official_view_refuses_the_randaugment_keys_it_would_ignore(key, value):
+    raw = tiny_raw("fedmatch")
+    raw["algo"] = {**raw.get("algo", {}), "strong_view": "official", key: value}
+    with pytest.raises(ConfigError, match=f"'algo.{key}': unused with algo.strong_view official"):
+        resolve_config(raw)
+    raw["algo"][key] = getattr(FedMatchSettings(), key)
+    assert resolve_config(raw)["algo"]["strong_view"] == "official"
