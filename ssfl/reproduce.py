@@ -420,10 +420,21 @@ def markdown(table: Table, results: Results, seeds: list[int] | None = None) -> 
     rounds = sorted({len(r["rounds"]) for runs in results.values() for r in runs.values()})
     done = f"after {', '.join(map(str, rounds))} rounds" if rounds else "(no cell has finished)"
     what = table.metric.removeprefix("final_").replace("_", " ")
-    lines += ["", f"Final {what} {done}."]
+    lines += ["", f"Final {what} {done}{evaluation_point(table.metric)}."]
     lines += seeds_note(table, seeds)
     lines += [f"{note}" for note in table.notes]
     return "\n".join(lines)
+
+
+def evaluation_point(metric: str) -> str:
+    """Which model a test-accuracy table shows: the global model after the server's step
+    (the clients' average before it is each cell's final_aggregate_accuracy)."""
+    if metric != "final_test_accuracy":
+        return ""
+    return (
+        ", of the global model after the server's step where a method has one (the clients' "
+        "average before it: final_aggregate_accuracy in each cell's results.json)"
+    )
 
 
 def gains(table: Table, results: Results, seeds: list[int] | None) -> list[str]:

@@ -32,6 +32,7 @@ def pyplot():
 
 # Round metrics that results.json also gives as final_<name> when the last round has them.
 FINAL_OF_LAST_ROUND = (
+    "aggregate_accuracy",  # the clients' average before the server's step
     "local_accuracy",
     "finetune_accuracy",
     "linear_accuracy",
@@ -257,12 +258,14 @@ def cell(value: float | None, spec: str = ".4f") -> str:
 
 
 def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
-    """One row per run: method, data, rounds, final and best accuracy, time, traffic."""
+    """One row per run: method, data, rounds, final accuracy of the global model and of the
+    clients' average before the server's step ("-": no server step), best accuracy, time,
+    traffic."""
     head = (
-        "| run | method | dataset | partitioner | R | rounds | final acc | best acc "
-        "| wall s | MB c2s / round |"
+        "| run | method | dataset | partitioner | R | rounds | final acc | before server step "
+        "| best acc | wall s | MB c2s / round |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for res in runs:
         rows, split = res["rounds"], res.get("split", {})
         mb = sum(r.get("bytes_c2s", 0) for r in rows) / max(len(rows), 1) / 1e6
@@ -270,6 +273,7 @@ def markdown_table(runs: Sequence[Mapping[str, Any]]) -> str:
             f"| {run_label(res)} | {res['method']} | {res.get('dataset', '')} | "
             f"{split.get('partitioner', '')} | {split.get('noniid_r', 0):.3f} | "
             f"{len(rows)} | {cell(res.get('final_test_accuracy'))} | "
+            f"{cell(res.get('final_aggregate_accuracy'))} | "
             f"{cell(res.get('best_test_accuracy'))} | {cell(res.get('wall_seconds'), '.0f')} | "
             f"{mb:.2f} |"
         )

@@ -24,7 +24,7 @@ from strategies.loop import RunStalled
 from strategies.messaging import failure_cause
 from strategies.parts import numpy_state
 from tasks.config import ConfigError
-from tasks.results import Recorder
+from tasks.results import Recorder, markdown_table
 from tests.harness import InProcessGrid, build_strategy, run_method, tiny_raw
 
 Tamper = Callable[[dict[str, np.ndarray], dict], None]
@@ -415,3 +415,15 @@ def test_the_stream_is_left_once_the_results_are_written(tmp_path):
     )
     assert time.monotonic() - started < 30
     assert output == "streaming\n"
+
+
+def test_results_and_the_compare_table_give_both_evaluation_points(tmp_path):
+    recorder = Recorder(tmp_path, settings_of(resolve_config({})), {})
+    row = {"round": 1, "test_accuracy": 0.8, "test_loss": 0.5, "seconds": 1.0}
+    recorder.add_round({**row, "aggregate_accuracy": 0.7})
+    stepped = recorder.results()
+    assert stepped["final_aggregate_accuracy"] == 0.7 and stepped["final_test_accuracy"] == 0.8
+    plain = {k: v for k, v in stepped.items() if k != "final_aggregate_accuracy"}
+    table = markdown_table([stepped, plain]).splitlines()
+    assert "| final acc | before server step | best acc |" in table[0]
+    assert "| 0.8000 | 0.7000 | 0.8000 |" in table[2] and "| 0.8000 | - | 0.8000 |" in table[3]

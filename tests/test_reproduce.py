@@ -55,7 +55,7 @@ def test_table_from_finished_cells(tmp_path):
     assert "| FedSEAL - Server-SL | +0.0400 | +0.0447 | +0.0400 | +0.0403 |" in text
     assert "| FedMatch | 0.8100 | - | 0.8100 | - |" in text  # not in the paper's table
     assert "| FedMatch - Server-SL | +0.0100 | - | +0.0100 | - |" in text
-    assert "after 3 rounds" in text
+    assert "after 3 rounds, of the global model after the server's step" in text
     assert (tmp_path / "table.md").read_text().strip() == text.strip()
     assert (tmp_path / "accuracy.png").stat().st_size > 0
 
