@@ -47,7 +47,7 @@ def plain_loop(settings: Settings, rounds: int) -> dict:
     server = ServerSide.build(settings, ds, split, device)
     weak = WeakAugment(ds.image_size, ds.flip, settings.augment.weak_shift)
     clients = [(to_float(ds.train_x[idx], device), ds.train_y[idx]) for idx in split.clients]
-    local = model_for(settings_of(settings).model, ds)
+    local = model_for(settings.model, ds)
     ccfg = settings.client
     startup = time.perf_counter() - t0
     times, accs = [], []

@@ -22,7 +22,7 @@ from ssfl.experiment import resolve_config
 from ssfl.registry import settings_of
 from tasks.data import dataset_info
 from tasks.models import model_for
-from tasks.settings import Settings
+from tasks.settings import Settings, mapping
 from tasks.train import autocast, make_sgd
 
 LR = 0.01
@@ -66,12 +66,12 @@ def client_images_per_s(
     from client_app.fixmatch import FixMatchClient
 
     settings = experiment(model, dataset, batch, amp, steps, device)
-    net = model_for(settings_of(settings).model, dataset_info(settings.dataset.name))
+    net = model_for(settings.model, dataset_info(settings.dataset.name))
     content = RecordDict(
         {
             "arrays": ArrayRecord(net.state_dict()),
             "config": ConfigRecord(
-                {"ssfl-config": json.dumps(settings, sort_keys=True), "round": 1, "lr": LR}
+                {"ssfl-config": json.dumps(mapping(settings), sort_keys=True), "round": 1, "lr": LR}
             ),
         }
     )
@@ -93,7 +93,7 @@ def bare_images_per_s(
     settings = experiment(model, dataset, batch, amp, steps, device)
     info = dataset_info(settings.dataset.name)
     dev = torch.device(device)
-    net = model_for(settings_of(settings).model, info).to(dev)
+    net = model_for(settings.model, info).to(dev)
     layout = torch.channels_last if settings.model.channels_last else torch.contiguous_format
     x = torch.rand(2 * batch, info.channels, info.image_size, info.image_size, device=dev)
     x = x.contiguous(memory_format=layout)

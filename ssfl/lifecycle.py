@@ -34,6 +34,7 @@ TEMP_PREFIX = "ssfl-"
 # Seconds a process of a run gets to end after SIGTERM before SIGKILL: after the CLI
 # ended (the watchdog), after Ctrl-C or SIGTERM (the user is waiting), and otherwise.
 TERM_GRACE_S = 3.0
+KILL_SWEEP_S = 5.0  # how long the watchdog keeps killing what a dying run still starts
 INTERRUPTED_GRACE_S = 1.0
 STOP_GRACE_S = 10.0
 
@@ -217,17 +218,24 @@ def tagged_processes(tag: str) -> list[int]:
     return pids
 
 
-def end_processes(tag: str, grace: float = TERM_GRACE_S) -> None:
-    """SIGTERM every process of the run, then SIGKILL those left after ``grace`` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        pids = tagged_processes(tag)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = tagged_processes(tag)
+def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWEEP_S) -> None:
+    """SIGTERM every process of the run, then SIGKILL those left after ``grace`` seconds,
+    sweeping again for up to ``sweep`` seconds: a process being ended may still start one
+    (a Ray worker, an actor) after the first SIGKILL."""
+    signal_all(tagged_processes(tag), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    deadline = time.monotonic() + sweep
+    while (pids := tagged_processes(tag)) and time.monotonic() < deadline:
+        signal_all(pids, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def watch(tag: str) -> None:

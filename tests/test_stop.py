@@ -315,14 +315,22 @@ def wait_for_round(proc: subprocess.Popen, out: Path, rnd: int, timeout: float =
     raise AssertionError(f"round {rnd} was not checkpointed (exit {proc.poll()})")
 
 
-def gone_within(tempdir: Path, seconds: float) -> bool:
-    """Whether no process of the run and no temporary folder is left within ``seconds``."""
+def left_after(tempdir: Path, seconds: float) -> list[str]:
+    """What of the run is still there after up to ``seconds`` (its processes' command lines
+    and its temporary folders); empty as soon as nothing is."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not run_processes(tempdir) and not list(tempdir.glob("ssfl-*")):
-            return True
+    while True:
+        left = [command_line(pid) for pid in run_processes(tempdir)]
+        left += [folder.name for folder in tempdir.glob("ssfl-*")]
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.2)
-    return False
+
+
+def command_line(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160].decode()
+    return f"pid {pid} (gone)"
 
 
 def finish(command: str, exp: Path, out: Path, tempdir: Path, *args: str) -> tuple[dict, str]:
@@ -372,7 +380,7 @@ def test_ctrl_c_stops_the_run_resumably_and_the_resume_gives_the_straight_number
         f"ssfl: interrupted (SIGINT) after round {done}; continue with: ssfl run {exp} "
         f"--out {out} --quiet --resume"
     )
-    assert gone_within(short_tmp, 1)
+    assert left_after(short_tmp, 1) == []
     assert without_seconds(results["rounds"]) == straight[:done]
     resumed, err = finish("run", exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
@@ -396,7 +404,7 @@ def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
     else:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    assert gone_within(short_tmp, 10)
+    assert left_after(short_tmp, 10) == []
     resumed, err = finish(command, exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == straight, err
