@@ -34,7 +34,8 @@ TEMP_PREFIX = "ssfl-"
 # Seconds a process of a run gets to end after SIGTERM before SIGKILL: after the CLI
 # ended (the watchdog), after Ctrl-C or SIGTERM (the user is waiting), and otherwise.
 TERM_GRACE_S = 3.0
-KILL_SWEEP_S = 5.0  # how long the watchdog keeps killing what a dying run still starts
+KILL_SWEEP_S = 10.0  # how long the watchdog keeps killing what a dying run still starts
+QUIET_SCANS = 5  # scans in a row (0.1 s apart) that find none of the run's processes: done
 INTERRUPTED_GRACE_S = 1.0
 STOP_GRACE_S = 10.0
 
@@ -220,14 +221,17 @@ def tagged_processes(tag: str) -> list[int]:
 
 def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWEEP_S) -> None:
     """SIGTERM every process of the run, then SIGKILL those left after ``grace`` seconds,
-    sweeping again for up to ``sweep`` seconds: a process being ended may still start one
-    (a Ray worker, an actor) after the first SIGKILL."""
+    sweeping again until QUIET_SCANS scans in a row find none (for up to ``sweep`` seconds):
+    a process being ended may still start one (a Ray worker, an actor), and one scan can
+    miss a process whose /proc entry is being rewritten."""
     signal_all(tagged_processes(tag), signal.SIGTERM)
     deadline = time.monotonic() + grace
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
-    deadline = time.monotonic() + sweep
-    while (pids := tagged_processes(tag)) and time.monotonic() < deadline:
+    deadline, empty_scans = time.monotonic() + sweep, 0
+    while empty_scans < QUIET_SCANS and time.monotonic() < deadline:
+        pids = tagged_processes(tag)
+        empty_scans = 0 if pids else empty_scans + 1
         signal_all(pids, signal.SIGKILL)
         time.sleep(0.1)
 

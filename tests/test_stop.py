@@ -404,7 +404,7 @@ def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
     else:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    assert left_after(short_tmp, 10) == []
+    assert left_after(short_tmp, 30) == []
     resumed, err = finish(command, exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == straight, err
