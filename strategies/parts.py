@@ -21,6 +21,7 @@ shared mutable attributes. What a part keeps across rounds it gives to the run's
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -204,7 +205,7 @@ def mean_metrics(updates: list[Update]) -> Metrics:
 
 
 # ----- Evaluators ----------------------------------------------------------------------
-class Evaluator:
+class Evaluator(ABC):
     """What a round measures of the server's models. A method's evaluator defines
     ``evaluate``; every evaluator runs the evaluation protocols when due and can score the
     models the clients uploaded."""
@@ -214,9 +215,9 @@ class Evaluator:
         self.protocols = Protocols(server)
         self.local_scratch: nn.Module | None = None  # holds one client's model at a time
 
+    @abstractmethod
     def evaluate(self, model: nn.Module) -> Metrics:
         """Metrics of ``model``; ``test_accuracy`` is always one of them."""
-        raise NotImplementedError
 
     def after_round(self, model: nn.Module, server_round: int, last_round: int) -> Metrics:
         """The evaluation protocols' accuracies when due (eval.protocol_every), else none."""
