@@ -58,12 +58,12 @@ class FedMatchSettings(RandAugmentSettings):
 
     randaugment_m: float = again(RandAugmentSettings, "randaugment_m", 5.0)  # official: 2..5
     strong_view: str = setting(
-        "ours",
-        "pi(u) of eq. 2: `ours` = RandAugment(`randaugment_n`, `randaugment_m`); `official` "
-        "= the official code's draw: 6 ops a view, each at its own level l in 0..M-1 with M "
-        "in 2..5 drawn per view, our op ranges at l/9 of their maximum, rotation by exactly "
-        "40 x l degrees (`randaugment_n`, `randaugment_m` are then refused unless at their "
-        "defaults)",
+        "official",
+        "pi(u) of eq. 2: `official` = the official code's draw: 6 ops a view, each at its own "
+        "level l in 0..M-1 with M in 2..5 drawn per view, our op ranges at l/9 of their "
+        "maximum, rotation by exactly 40 x l degrees (`randaugment_n`, `randaugment_m` are "
+        "then refused unless at their defaults); `ours` = RandAugment(`randaugment_n`, "
+        "`randaugment_m`), the default until 2026-11",
         choices=("ours", "official"),
         ref="FedMatch official randaug.py, loader.py",
     )

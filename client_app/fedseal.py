@@ -38,10 +38,10 @@ class FedSEALSettings(RandAugmentSettings):
     """FedSEAL's keys; the strong view A(.) of eq. 14 is RandAugment (4.2.3)."""
 
     strong_view: str = setting(
-        "fixmatch",
-        "A(.) of eq. 14: `fixmatch` = FixMatch's strong view, the weak view (flip, shift by "
-        "`augment.weak_shift`), RandAugment(`randaugment_n`, `randaugment_m`), then Cutout "
-        "(ours); `paper` = RandAugment alone, as 4.2.3 states it",
+        "paper",
+        "A(.) of eq. 14: `paper` = RandAugment(`randaugment_n`, `randaugment_m`) alone, as "
+        "4.2.3 states it; `fixmatch` = FixMatch's strong view, the weak view (flip, shift by "
+        "`augment.weak_shift`), RandAugment, then Cutout (ours, the default until 2026-11)",
         choices=("fixmatch", "paper"),
         ref="FedSEAL 4.2.3",
     )

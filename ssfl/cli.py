@@ -148,10 +148,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from ssfl.reproduce import parse_seeds, reproduce
+    from ssfl.reproduce import Pick, parse_names, parse_seeds, reproduce
     from ssfl.runner import RunFailed
 
     seeds = None if args.seeds is None else parse_seeds(args.seeds)
+    pick = Pick(parse_names(args.rows), parse_names(args.columns))
     try:
         text = reproduce(
             args.table,
@@ -162,6 +163,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             args.dataset,
             seeds,
             cell_folders(args),
+            pick,
         )
         print(text)
     except RunFailed as err:
@@ -348,6 +350,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds",
         metavar="S1,S2,...",
         help="run every cell once per seed; the table shows mean ± std over the seeds",
+    )
+    rep.add_argument(
+        "--rows",
+        metavar="LABEL,...",
+        help="run these rows only, e.g. Server-SL,FedSEAL (the others are tabled if finished)",
+    )
+    rep.add_argument(
+        "--columns",
+        metavar="NAME,...",
+        help="run these columns only, e.g. IID (the others are tabled if finished)",
     )
     add_cell_args(rep)
     rep.set_defaults(func=cmd_reproduce)

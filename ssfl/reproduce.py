@@ -570,6 +570,43 @@ def experiments_folder(table: Table, dataset: str | None) -> str:
     return table.datasets[dataset]
 
 
+@dataclass(frozen=True)
+class Pick:
+    """The cells a reproduction runs: rows and columns by name (empty: all of them).
+
+    Cells outside the pick are not run; they are tabled when their finished run is there.
+    """
+
+    rows: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+
+    def check(self, table: Table) -> None:
+        """A name that is not one of the table's rows or columns: ConfigError."""
+        for flag, names, known in (
+            ("--rows", self.rows, [row.label for row in table.rows]),
+            ("--columns", self.columns, list(table.columns)),
+        ):
+            unknown = [name for name in names if name not in known]
+            if unknown:
+                raise ConfigError(
+                    f"{flag}: {unknown[0]!r} is not one of the table's ({', '.join(known)})"
+                )
+
+    def runs(self, row: Row, column: str) -> bool:
+        """Whether the pick runs this cell."""
+        return (not self.rows or row.label in self.rows) and (
+            not self.columns or column in self.columns
+        )
+
+
+ALL = Pick()
+
+
+def parse_names(text: str | None) -> tuple[str, ...]:
+    """``--rows Server-SL,FedSEAL`` -> ("Server-SL", "FedSEAL"); None: ()."""
+    return () if text is None else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def parse_seeds(text: str) -> list[int]:
     """``--seeds 0,1,2`` -> [0, 1, 2]; empty, non-integer or repeated seeds: ConfigError."""
     try:
@@ -592,22 +629,25 @@ def reproduce(
     dataset: str | None = None,
     seeds: list[int] | None = None,
     folders: CellFolders = REFUSE,
+    pick: Pick = ALL,
 ) -> str:
     """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``.
 
-    With ``run=False`` nothing is run: the table shows the finished cells only. Linked
+    With ``run=False`` nothing is run: the table shows the finished cells only; ``pick``
+    runs some rows or columns only (the others are tabled when finished). Linked
     tables (the same cells, another metric) follow in table.md. With ``seeds`` every cell
     runs once per seed (in ``seed{S}`` folders), the table shows mean ± std over the seeds
     and ``seeds.json`` holds the numbers. A cell folder holding another run is refused
     before anything runs, unless ``folders`` says to resume or replace it.
     """
     table = TABLES[name]
+    pick.check(table)
     folder = experiments_folder(table, dataset)
     if run:
         check = CellFolders(folders.resume, folders.overwrite, check_only=True)
-        table_results(table, out, rounds, sets, run, folder, seeds, check)
+        table_results(table, out, rounds, sets, run, folder, seeds, check, pick)
     out.mkdir(parents=True, exist_ok=True)
-    results = table_results(table, out, rounds, sets, run, folder, seeds, folders)
+    results = table_results(table, out, rounds, sets, run, folder, seeds, folders, pick)
     tables = (table, *map(TABLES.get, table.linked))
     text = "\n\n".join(markdown(t, results, seeds) for t in tables)
     (out / "table.md").write_text(text + "\n")
@@ -649,15 +689,26 @@ def table_results(
     folder: str,
     seeds: list[int] | None = None,
     folders: CellFolders = REFUSE,
+    pick: Pick = ALL,
 ) -> Results:
-    """Every finished cell's results, run or reused, by (row label, column) and seed."""
+    """Every finished cell's results, run (the picked cells) or reused, by (row label,
+    column) and seed."""
     results = {}
     for column, col_overrides in table.columns.items():
         for row in table.rows:
             experiment = row.experiment_for(column, folder)
             overrides = [*col_overrides, *sets]
             where = cell_dir(out, row, column)
-            runs = seed_runs(experiment, row.label, overrides, rounds, where, run, seeds, folders)
+            runs = seed_runs(
+                experiment,
+                row.label,
+                overrides,
+                rounds,
+                where,
+                run and pick.runs(row, column),
+                seeds,
+                folders,
+            )
             for seed, res in runs.items():
                 res["name"] = f"{row.label} ({column})" + ("" if seed is None else f" seed {seed}")
             if runs:

@@ -9,7 +9,7 @@ import pytest
 import ssfl.reproduce
 from ssfl.experiment import CellFolders, resolve_experiment
 from ssfl.registry import settings_of
-from ssfl.reproduce import TABLES, cell_dir, reproduce
+from ssfl.reproduce import TABLES, Pick, cell_dir, reproduce
 from tasks.config import ConfigError
 from tasks.settings import mapping
 from tests.conftest import ROOT
@@ -255,6 +255,42 @@ def test_seeds_gap_closed_uses_means_and_marks_ties():
     assert "| FixMatch | 10% (tie) | 13% | 10% (tie) | 13% |" in text
     assert "| FedSup | 50% | 56% | 50% | 58% |" in text
     assert "| SimCLR | not run | 20% | not run | 22% |" in text
+
+
+def test_rows_and_columns_run_the_picked_cells_and_table_the_finished_others(tmp_path, monkeypatch):
+    write_seed_cells(tmp_path, SEED_ACCS, [0])
+    ran = []
+
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
+        ran.append((out.parent.name, cfg["seed"]))
+        return fake_results(0.9, 12, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    pick = Pick(rows=("Server-SL", "FedSEAL"), columns=("IID",))
+    text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS, pick=pick)
+    assert sorted(ran) == [
+        (folder, seed) for folder in ("fedseal-iid", "server_sl-iid") for seed in (1, 2)
+    ]
+    # Picked: three seeds; the others keep their one finished seed.
+    assert "| FedSEAL | 0.8400 ± 0.0000 (n = 1) | 0.8418 | 0.8800 ± 0.0346 | 0.8428 |" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rows", "FedSEAL,Nope"], "--rows: 'Nope' is not one of the table's (Server-SL, "),
+        (["--columns", "iid"], "--columns: 'iid' is not one of the table's (Non-IID, IID)"),
+    ],
+)
+def test_unknown_rows_or_columns_exit_2_with_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    from ssfl.cli import main
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    assert main(["reproduce", "fedseal-table1", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ssfl: error: {message}") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("seeds", ["0,x", "", "1,1"])

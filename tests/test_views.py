@@ -115,8 +115,8 @@ def test_official_view_is_deterministic_under_the_clients_seeding():
 
 
 def test_fedmatch_picks_the_view_its_key_names():
-    ours = strong_view(FedMatchSettings(), 1, "cpu")
-    official = strong_view(FedMatchSettings(strong_view="official"), 1, "cpu")
+    ours = strong_view(FedMatchSettings(strong_view="ours"), 1, "cpu")
+    official = strong_view(FedMatchSettings(), 1, "cpu")
     assert type(ours) is RandAugment and (ours.n, len(ours.ops)) == (2, 13)
     assert type(official) is OfficialRandAugment and official.n == 6
 
@@ -140,11 +140,11 @@ def test_paper_view_keeps_shape_and_is_deterministic():
         assert first.shape == x.shape and torch.equal(first, view(x))
 
 
-def test_todays_views_stay_the_defaults():
-    assert FedSEALSettings().strong_view == "fixmatch"
-    assert FedMatchSettings().strong_view == "ours"
-    assert resolve_config({"method": "fedseal"})["algo"]["strong_view"] == "fixmatch"
-    assert resolve_config({"method": "fedmatch"})["algo"]["strong_view"] == "ours"
+def test_the_papers_and_the_official_views_are_the_defaults():
+    assert FedSEALSettings().strong_view == "paper"
+    assert FedMatchSettings().strong_view == "official"
+    assert resolve_config({"method": "fedseal"})["algo"]["strong_view"] == "paper"
+    assert resolve_config({"method": "fedmatch"})["algo"]["strong_view"] == "official"
 
 
 # ----- The keys refuse what they do not know -----------------------------------------------
