@@ -6,7 +6,8 @@ certificate signed by it (``server.pem``, ``server.key``), valid for localhost,
 authentication key pair (``NAME`` in OpenSSH private-key format, ``NAME.pub``),
 the P-384 ECDSA keys that ``ssh-keygen -t ecdsa -b 384`` makes.
 
-Usable without torch: ``python -m ssfl.certs DIR --host superlink --nodes 2``.
+Usable without torch: ``python -m ssfl.certs DIR --host superlink --nodes 2``; on an edge
+machine ``python -m ssfl.certs DIR --node-key node`` makes only that node's key pair.
 """
 
 from __future__ import annotations
@@ -147,7 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--nodes", type=int, default=0, help="also make keys node0, node1, ...")
     parser.add_argument("--days", type=int, default=VALID_DAYS, help="validity in days")
+    parser.add_argument(
+        "--node-key",
+        metavar="NAME",
+        help="only make the key pair NAME, NAME.pub (an edge machine's; no CA, no certificate)",
+    )
     args = parser.parse_args(argv)
+    if args.node_key:
+        if args.host or args.nodes:
+            parser.error("--node-key makes one key pair only: leave out --host and --nodes")
+        private, public = make_node_key(Path(args.out), args.node_key)
+        print(f"wrote {private.name}, {public.name} to {args.out}")
+        return 0
     paths = make_certificates(Path(args.out), args.host, args.days)
     for i in range(args.nodes):
         make_node_key(Path(args.out), f"node{i}")

@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# The container path end to end on this host (docs/deployment.md, "Containers"), with TLS and
+# SuperNode authentication: builds the local Debian base, the wheelhouse and the image (all
+# reused when already there), starts the SuperLink, the ServerApp's SuperExec and node 0
+# (its Fashion-MNIST partition) from docker-compose.yml, and node 1 as an edge machine
+# (docker-compose.edge.yml, the edge steps of docs/deployment.md run as written) whose own
+# data folder holds partition 1's images. Then:
+#   1. 2 rounds of fedavg_fixmatch: results.json must equal `ssfl run` in simulation to
+#      4 decimals, with both nodes counted every round;
+#   2. a short 3-round run in which node 0's SuperNode container is SIGKILLed after round 1
+#      and started again once round 2 is recorded: round 2 goes on without it, round 3
+#      counts it again.
+# Everything started here is removed at the end. Prints the wall seconds of each step.
+#
+#   bash scripts/compose-e2e.sh
+#
+# Needs root or the docker group, a running Docker engine, debootstrap (for the base image)
+# and the Fashion-MNIST files in $SSFL_DATA_DIR (default ../shared/data, else ./data;
+# downloaded there when missing and a network is reachable). SSFL_BASE_IMAGE: another base
+# image with Python 3.11 (default: docker/base-image.sh's local Debian one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+IMAGE=ssfl:1.41.0
+BASE=${SSFL_BASE_IMAGE:-ssfl-base:bookworm}
+EXP=experiments/fmnist-las/fedavg_fixmatch.yaml
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ssfl-compose-e2e.XXXXXX")
+SERVER_PROJECT=ssfl-e2e-server-$$
+EDGE_PROJECT=ssfl-e2e-edge-$$
+SIM_PID=""
+
+say() { echo "compose-e2e: $*"; }
+die() {
+  echo "compose-e2e: $1" >&2
+  exit 1
+}
+# step NAME COMMAND...: run it and print its wall time.
+step() {
+  local name=$1 start
+  shift
+  start=$(date +%s.%N)
+  "$@"
+  say "$(printf '%-34s %6.1f s' "$name" "$(echo "$(date +%s.%N) - $start" | bc)")"
+}
+
+# The compose client: the docker CLI plugin, else the standalone docker-compose.
+if docker compose version >/dev/null 2>&1; then
+  COMPOSE=(docker compose)
+elif command -v docker-compose >/dev/null; then
+  COMPOSE=(docker-compose)
+else
+  die "no compose client: install docker-compose (Debian) or the docker compose plugin"
+fi
+docker info >/dev/null 2>&1 || die "no Docker engine answers: start dockerd (as root)"
+command -v bc >/dev/null || die "no bc: apt-get install -y bc"
+
+server_compose() { "${COMPOSE[@]}" -p "$SERVER_PROJECT" -f "$REPO/docker-compose.yml" --profile local-nodes "$@"; }
+edge_compose() { "${COMPOSE[@]}" -p "$EDGE_PROJECT" -f "$WORK/edge/docker-compose.edge.yml" "$@"; }
+
+# Teardown: every container and network of both projects.
+teardown() {
+  [ -f "$WORK/edge/docker-compose.edge.yml" ] && edge_compose down -v --remove-orphans >/dev/null 2>&1
+  server_compose down -v --remove-orphans >/dev/null 2>&1
+}
+# On exit: the containers' last log lines on failure, teardown, the simulation, the work folder.
+cleanup() {
+  local rc=$?
+  [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null && wait "$SIM_PID" 2>/dev/null
+  if [ "$rc" != 0 ]; then
+    say "failed; last lines of each container's log:"
+    for id in $(docker ps -aq --filter "label=com.docker.compose.project=$SERVER_PROJECT" \
+      --filter "label=com.docker.compose.project=$EDGE_PROJECT"); do
+      echo "--- $(docker inspect -f '{{.Name}}' "$id")"
+      docker logs --tail 15 "$id" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'
+    done
+  fi
+  teardown || true
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+TOTAL=$(date +%s.%N)
+
+# --- Host tools: the project's environment (flwr CLI, ssfl run for the baseline) ---------
+host_env() {
+  [ -x .venv/bin/python ] || bash scripts/setup.sh
+  if [ -z "${SSFL_DATA_DIR:-}" ]; then
+    if [ -d ../shared/data/fashion-mnist ]; then SSFL_DATA_DIR=$(cd ../shared/data && pwd); else SSFL_DATA_DIR=$REPO/data; fi
+  fi
+  mkdir -p "$SSFL_DATA_DIR"
+  export SSFL_DATA_DIR FLWR_HOME=$WORK/flwr FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+}
+step "host environment" host_env
+PY=$REPO/.venv/bin/python
+FLWR=$REPO/.venv/bin/flwr
+
+# --- Image: local Debian base, wheelhouse for its Python, offline build --------------------
+base_image() {
+  if ! docker image inspect "$BASE" >/dev/null 2>&1; then
+    [ "$BASE" = ssfl-base:bookworm ] || die "base image $BASE not found"
+    bash docker/base-image.sh "$BASE"
+  fi
+}
+step "base image ($BASE)" base_image
+wheelhouse() {
+  local py
+  py=$(docker run --rm "$BASE" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [ ! -f docker/wheels/requirements.txt ] || [ "$(cat docker/wheels/python.txt 2>/dev/null)" != "$py" ]; then
+    rm -rf docker/wheels
+    PYTHON=$PY bash scripts/wheelhouse.sh docker/wheels --torch cpu --for image --python-version "$py"
+    echo "$py" >docker/wheels/python.txt
+  fi
+}
+step "wheelhouse (CPU torch)" wheelhouse
+build_image() {
+  DOCKER_BUILDKIT=0 docker build -q -f docker/Dockerfile --build-arg BASE="$BASE" -t "$IMAGE" . >/dev/null
+  say "image $IMAGE: $(docker run --rm "$IMAGE" python3 --version), flwr $(docker run --rm "$IMAGE" flwr --version | tr -dc '0-9.')"
+}
+step "image build (offline)" build_image
+save_image() {
+  mkdir -p "$WORK/edge"
+  docker save -o "$WORK/edge/ssfl-image.tar" "$IMAGE"
+}
+step "docker save (the edge's copy)" save_image
+
+# --- Data: node 1's own folder holds partition 1's unlabeled images ------------------------
+export_partition() {
+  "$PY" - "$EXP" "$WORK/edge/node1.npy" <<'EOF'
+import sys
+
+import numpy as np
+import torch
+
+from client_app.base import client_data
+from ssfl.experiment import resolve_experiment
+from ssfl.registry import settings_of
+
+settings = settings_of(resolve_experiment(sys.argv[1], 2, 2, []))
+images = client_data(settings, 1, torch.device("cpu")).x.mul(255).round().to(torch.uint8)
+np.save(sys.argv[2], images.numpy())
+print(f"compose-e2e: node 1's data folder: {len(images)} images of partition 1")
+EOF
+}
+step "partition 1 as a data folder" export_partition
+
+# --- Baseline: the same experiment in simulation, in the background ------------------------
+"$PY" -m ssfl.cli run "$EXP" --nodes 2 --rounds 2 --out "$WORK/sim" --quiet >"$WORK/sim.log" 2>&1 &
+SIM_PID=$!
+SIM_START=$(date +%s.%N)
+
+# --- Server host: certificates and node 0's key by one command, then the containers --------
+export SSFL_UID SSFL_GID
+SSFL_UID=$(id -u)
+SSFL_GID=$(id -g)
+HOST_IP=$(hostname -I | awk '{print $1}')
+PORT=$("$PY" -c 'from ssfl.runner import free_port; print(free_port())')
+export SSFL_CERTS=$WORK/server/certs SSFL_RUNS=$WORK/server/runs SSFL_SUPERLINK_PORT=$PORT SSFL_IMAGE=$IMAGE
+start_server() {
+  mkdir -p "$SSFL_CERTS" "$SSFL_RUNS"
+  docker run --rm -u "$SSFL_UID:$SSFL_GID" -v "$SSFL_CERTS:/app/certs" "$IMAGE" \
+    python -m ssfl.certs certs --host superlink --host "$HOST_IP" --nodes 1
+  server_compose up -d --no-build superlink superexec-serverapp supernode-0 superexec-clientapp-0 2>&1 | grep -v '^Creating\|^Starting' || true
+  mkdir -p "$FLWR_HOME"
+  printf '[superlink]\ndefault = "ssfl"\n\n[superlink.ssfl]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
+    "$PORT" "$SSFL_CERTS/ca.crt" >"$FLWR_HOME/config.toml"
+  "$PY" - "$PORT" "$SSFL_CERTS/ca.crt" <<'EOF'
+import sys
+import time
+
+from ssfl.runner import http_ok
+
+deadline = time.monotonic() + 120
+while not http_ok(f"https://127.0.0.1:{sys.argv[1]}/health", sys.argv[2]):
+    if time.monotonic() > deadline:
+        sys.exit("compose-e2e: the SuperLink container did not answer over TLS in 120 s")
+    time.sleep(1)
+EOF
+  "$FLWR" supernode register "$SSFL_CERTS/node0.pub" ssfl | tail -1
+}
+step "server host up (TLS, node auth)" start_server
+
+# --- Edge machine: the steps of docs/deployment.md, as written -----------------------------
+# doc_block MARKER: the bash block that follows "<!-- MARKER -->" in docs/deployment.md, with
+# the example SuperLink address replaced by this one and the compose client of this host.
+doc_block() {
+  awk -v marker="<!-- $1 -->" '$0 == marker {on = 1; next} on && /^```bash/ {inside = 1; next}
+    inside && /^```/ {exit} inside {print}' docs/deployment.md |
+    sed -e "s/server.example.org:8000/$HOST_IP:$PORT/g" -e "s/docker compose /${COMPOSE[*]} /g"
+}
+start_edge() {
+  local prepare start
+  prepare=$(doc_block edge-prepare)
+  start=$(doc_block edge-start)
+  [ -n "$prepare" ] && [ -n "$start" ] || die "docs/deployment.md lost its edge-prepare or edge-start block"
+  cp docker-compose.edge.yml "$WORK/edge/"
+  cp "$SSFL_CERTS/ca.crt" "$WORK/edge/"
+  # What the edge host holds now: the image archive, the compose file, ca.crt, its images.
+  (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$prepare" >/dev/null)
+  mv "$WORK/edge/node1.npy" "$WORK/edge/images/"
+  # The operator registers the edge node's public key.
+  "$FLWR" supernode register "$WORK/edge/certs/node.pub" ssfl | tail -1
+  (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$start" 2>&1 |
+    grep -v '^Creating\|^Starting' || true)
+}
+step "edge node up (docs' steps)" start_edge
+
+# Both nodes online, as the operator checks it.
+nodes_online() {
+  local deadline=$((SECONDS + 120))
+  until [ "$("$FLWR" supernode ls ssfl --format json | "$PY" -c '
+import json, sys
+print(sum(n["status"] == "online" for n in json.load(sys.stdin)["nodes"]))')" = 2 ]; do
+    [ $SECONDS -lt $deadline ] || die "the two SuperNodes are not online after 120 s"
+    sleep 2
+  done
+  "$FLWR" supernode ls ssfl | grep -i online || true
+}
+step "both nodes registered and online" nodes_online
+
+# submit NAME OVERRIDES: run the experiment on the containers; results in $SSFL_RUNS/NAME.
+submit() {
+  local name=$1 overrides=$2 output run_id status
+  mkdir -p "$WORK/app"
+  output=$("$FLWR" run "$(stage_app)" ssfl --stream --run-config \
+    "experiment='$EXP' overrides='$overrides;dataset.root=/app/data' out-dir='/app/runs/$name'" 2>&1) ||
+    die "flwr run failed: $(echo "$output" | tail -3)"
+  echo "$output" >"$WORK/$name.log"
+  run_id=$(echo "$output" | grep -o 'Successfully started run [0-9]*' | grep -o '[0-9]*$') ||
+    die "flwr run did not start the run: $(echo "$output" | tail -1)"
+  status=$("$PY" -c "import os; from ssfl.runner import run_status; print(run_status(os.environ, 'ssfl', '$run_id'))")
+  [ "$status" = finished:completed ] || die "run $run_id ended as $status"
+  [ -f "$SSFL_RUNS/$name/results.json" ] || die "run $run_id wrote no results.json"
+}
+# The app as `flwr run` packs it (pyproject.toml, packages, experiments), staged once.
+stage_app() {
+  [ -f "$WORK/app/pyproject.toml" ] || "$PY" -c "
+from pathlib import Path
+from ssfl.runner import APP_DIR, stage_app
+stage_app(APP_DIR, Path('$WORK/app'))"
+  echo "$WORK/app"
+}
+
+# --- 1. Two rounds on the containers, equal to simulation -----------------------------------
+step "run: 2 rounds on the containers" submit e2e "rounds=2;split.num_clients=2"
+wait_simulation() {
+  wait "$SIM_PID" || die "ssfl run (simulation) failed: $(tail -3 "$WORK/sim.log")"
+  SIM_PID=""
+  say "$(printf '%-34s %6.1f s' "  (simulation ran since)" "$(echo "$(date +%s.%N) - $SIM_START" | bc)")"
+}
+step "simulation baseline finished" wait_simulation
+"$PY" - "$SSFL_RUNS/e2e/results.json" "$WORK/sim/results.json" <<'EOF'
+import json
+import sys
+
+deployed, simulated = (json.load(open(path))["rounds"] for path in sys.argv[1:])
+assert [r["round"] for r in deployed] == [r["round"] for r in simulated] == [1, 2], "rounds"
+for d, s in zip(deployed, simulated):
+    assert d["clients"] == 2 and d["failures"] == 0, f"round {d['round']}: {d}"
+    for key in ("test_accuracy", "test_loss"):
+        assert round(d[key], 4) == round(s[key], 4), f"round {d['round']} {key}: {d[key]} != {s[key]}"
+    print(
+        f"compose-e2e: round {d['round']}: test accuracy containers {d['test_accuracy']:.4f}, "
+        f"simulation {s['test_accuracy']:.4f}; clients {d['clients']} (edge node included)"
+    )
+EOF
+
+# --- 2. Node 0's SuperNode container killed mid-run and started again ----------------------
+# wait_round N: until the fault run has recorded round N.
+wait_round() {
+  local deadline=$((SECONDS + 600))
+  until [ -f "$SSFL_RUNS/fault/metrics.jsonl" ] &&
+    grep -q "\"round\": $1[,}]" "$SSFL_RUNS/fault/metrics.jsonl"; do
+    [ $SECONDS -lt $deadline ] || die "round $1 of the fault run not recorded in 600 s"
+    sleep 1
+  done
+}
+fault_run() {
+  submit fault "rounds=3;split.num_clients=2;split.client_size=300;server.bootstrap_epochs=1" &
+  local runner=$!
+  wait_round 1
+  server_compose kill supernode-0 2>&1 | grep -v '^Killing' || true
+  say "round 1 recorded: node 0's SuperNode container killed"
+  wait_round 2
+  server_compose start supernode-0 2>&1 | grep -v '^Starting' || true
+  say "round 2 recorded: node 0's SuperNode container started again"
+  wait "$runner" || die "the fault run failed"
+  "$PY" - "$SSFL_RUNS/fault/results.json" <<'EOF'
+import json
+import sys
+
+rows = json.load(open(sys.argv[1]))["rounds"]
+assert [r["round"] for r in rows] == [1, 2, 3], rows
+assert rows[0]["clients"] == 2 and rows[0]["failures"] == 0, rows[0]
+assert rows[1]["failed_partitions"] == [0] and rows[1]["clients"] == 1, rows[1]
+assert rows[2]["clients"] == 2 and rows[2]["failures"] == 0, rows[2]
+print(
+    "compose-e2e: fault run: round 2 went on without node 0 "
+    f"(failed_partitions {rows[1]['failed_partitions']}); round 3 counted it again "
+    f"(clients {rows[2]['clients']}, failures {rows[2]['failures']})"
+)
+EOF
+}
+step "run: node killed and restarted" fault_run
+
+step "teardown" teardown
+say "$(printf '%-34s %6.1f s' "total" "$(echo "$(date +%s.%N) - $TOTAL" | bc)")"
