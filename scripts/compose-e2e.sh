@@ -55,13 +55,20 @@ fi
 docker info >/dev/null 2>&1 || die "no Docker engine answers: start dockerd (as root)"
 command -v bc >/dev/null || die "no bc: apt-get install -y bc"
 
-server_compose() { "${COMPOSE[@]}" -p "$SERVER_PROJECT" -f "$REPO/docker-compose.yml" --profile local-nodes "$@"; }
-edge_compose() { "${COMPOSE[@]}" -p "$EDGE_PROJECT" -f "$WORK/edge/docker-compose.edge.yml" "$@"; }
+# The server host's compose project; its folders and port are set below.
+server_compose() {
+  SSFL_CERTS=$CERTS SSFL_RUNS=$SSFL_RUNS SSFL_SUPERLINK_PORT=$PORT \
+    "${COMPOSE[@]}" -p "$SERVER_PROJECT" -f "$REPO/docker-compose.yml" --profile local-nodes "$@"
+}
 
-# Teardown: every container and network of both projects.
+# Teardown: every container and the network of both compose projects, found by label.
 teardown() {
-  [ -f "$WORK/edge/docker-compose.edge.yml" ] && edge_compose down -v --remove-orphans >/dev/null 2>&1
-  server_compose down -v --remove-orphans >/dev/null 2>&1
+  local project ids
+  for project in "$SERVER_PROJECT" "$EDGE_PROJECT"; do
+    ids=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
+    [ -z "$ids" ] || docker rm -f $ids >/dev/null
+    docker network rm "${project}_default" >/dev/null 2>&1 || true
+  done
 }
 # On exit: the containers' last log lines on failure, teardown, the simulation, the work folder.
 cleanup() {
@@ -69,13 +76,14 @@ cleanup() {
   [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null && wait "$SIM_PID" 2>/dev/null
   if [ "$rc" != 0 ]; then
     say "failed; last lines of each container's log:"
-    for id in $(docker ps -aq --filter "label=com.docker.compose.project=$SERVER_PROJECT" \
-      --filter "label=com.docker.compose.project=$EDGE_PROJECT"); do
-      echo "--- $(docker inspect -f '{{.Name}}' "$id")"
-      docker logs --tail 15 "$id" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'
+    for project in "$SERVER_PROJECT" "$EDGE_PROJECT"; do
+      for id in $(docker ps -aq --filter "label=com.docker.compose.project=$project"); do
+        echo "--- $(docker inspect -f '{{.Name}}' "$id")"
+        docker logs --tail 15 "$id" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'
+      done
     done
   fi
-  teardown || true
+  teardown
   rm -rf "$WORK"
   exit "$rc"
 }
@@ -115,7 +123,8 @@ wheelhouse() {
 }
 step "wheelhouse (CPU torch)" wheelhouse
 build_image() {
-  DOCKER_BUILDKIT=0 docker build -q -f docker/Dockerfile --build-arg BASE="$BASE" -t "$IMAGE" . >/dev/null
+  DOCKER_BUILDKIT=0 docker build -q -f docker/Dockerfile --build-arg BASE="$BASE" -t "$IMAGE" . \
+    >/dev/null 2>"$WORK/build.log" || die "image build failed: $(tail -5 "$WORK/build.log")"
   say "image $IMAGE: $(docker run --rm "$IMAGE" python3 --version), flwr $(docker run --rm "$IMAGE" flwr --version | tr -dc '0-9.')"
 }
 step "image build (offline)" build_image
@@ -156,16 +165,17 @@ SSFL_UID=$(id -u)
 SSFL_GID=$(id -g)
 HOST_IP=$(hostname -I | awk '{print $1}')
 PORT=$("$PY" -c 'from ssfl.runner import free_port; print(free_port())')
-export SSFL_CERTS=$WORK/server/certs SSFL_RUNS=$WORK/server/runs SSFL_SUPERLINK_PORT=$PORT SSFL_IMAGE=$IMAGE
+CERTS=$WORK/server/certs
+SSFL_RUNS=$WORK/server/runs
 start_server() {
-  mkdir -p "$SSFL_CERTS" "$SSFL_RUNS"
-  docker run --rm -u "$SSFL_UID:$SSFL_GID" -v "$SSFL_CERTS:/app/certs" "$IMAGE" \
+  mkdir -p "$CERTS" "$SSFL_RUNS"
+  docker run --rm -u "$SSFL_UID:$SSFL_GID" -v "$CERTS:/app/certs" "$IMAGE" \
     python -m ssfl.certs certs --host superlink --host "$HOST_IP" --nodes 1
   server_compose up -d --no-build superlink superexec-serverapp supernode-0 superexec-clientapp-0 2>&1 | grep -v '^Creating\|^Starting' || true
   mkdir -p "$FLWR_HOME"
   printf '[superlink]\ndefault = "ssfl"\n\n[superlink.ssfl]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
-    "$PORT" "$SSFL_CERTS/ca.crt" >"$FLWR_HOME/config.toml"
-  "$PY" - "$PORT" "$SSFL_CERTS/ca.crt" <<'EOF'
+    "$PORT" "$CERTS/ca.crt" >"$FLWR_HOME/config.toml"
+  "$PY" - "$PORT" "$CERTS/ca.crt" <<'EOF'
 import sys
 import time
 
@@ -177,7 +187,7 @@ while not http_ok(f"https://127.0.0.1:{sys.argv[1]}/health", sys.argv[2]):
         sys.exit("compose-e2e: the SuperLink container did not answer over TLS in 120 s")
     time.sleep(1)
 EOF
-  "$FLWR" supernode register "$SSFL_CERTS/node0.pub" ssfl | tail -1
+  "$FLWR" supernode register "$CERTS/node0.pub" ssfl | tail -1
 }
 step "server host up (TLS, node auth)" start_server
 
@@ -195,7 +205,7 @@ start_edge() {
   start=$(doc_block edge-start)
   [ -n "$prepare" ] && [ -n "$start" ] || die "docs/deployment.md lost its edge-prepare or edge-start block"
   cp docker-compose.edge.yml "$WORK/edge/"
-  cp "$SSFL_CERTS/ca.crt" "$WORK/edge/"
+  cp "$CERTS/ca.crt" "$WORK/edge/"
   # What the edge host holds now: the image archive, the compose file, ca.crt, its images.
   (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$prepare" >/dev/null)
   mv "$WORK/edge/node1.npy" "$WORK/edge/images/"
