@@ -7,9 +7,9 @@
 # data folder holds partition 1's images. Then:
 #   1. 2 rounds of fedavg_fixmatch: results.json must equal `ssfl run` in simulation to
 #      4 decimals, with both nodes counted every round;
-#   2. a short 3-round run in which node 0's SuperNode container is SIGKILLed after round 1
-#      and started again once round 2 is recorded: round 2 goes on without it, round 3
-#      counts it again.
+#   2. a short 4-round run in which node 0's SuperNode container is SIGKILLed after round 1
+#      and started again once round 2 is recorded: round 2 goes on without it (once the
+#      SuperLink finds it offline), the last round counts it again.
 # Everything started here is removed at the end. Prints the wall seconds of each step.
 #
 #   bash scripts/compose-e2e.sh
@@ -200,10 +200,12 @@ doc_block() {
     sed -e "s/server.example.org:8000/$HOST_IP:$PORT/g" -e "s/docker compose /${COMPOSE[*]} /g"
 }
 start_edge() {
-  local prepare start
+  local prepare start check
   prepare=$(doc_block edge-prepare)
   start=$(doc_block edge-start)
-  [ -n "$prepare" ] && [ -n "$start" ] || die "docs/deployment.md lost its edge-prepare or edge-start block"
+  check=$(doc_block edge-check)
+  [ -n "$prepare" ] && [ -n "$start" ] && [ -n "$check" ] ||
+    die "docs/deployment.md lost its edge-prepare, edge-start or edge-check block"
   cp docker-compose.edge.yml "$WORK/edge/"
   cp "$CERTS/ca.crt" "$WORK/edge/"
   # What the edge host holds now: the image archive, the compose file, ca.crt, its images.
@@ -213,6 +215,8 @@ start_edge() {
   "$FLWR" supernode register "$WORK/edge/certs/node.pub" ssfl | tail -1
   (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$start" 2>&1 |
     grep -v '^Creating\|^Starting' || true)
+  (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$check" 2>&1 |
+    grep "SuperNode ID") || die "the edge node did not log its SuperNode ID in 120 s"
 }
 step "edge node up (docs' steps)" start_edge
 
@@ -287,7 +291,7 @@ wait_round() {
   done
 }
 fault_run() {
-  submit fault "rounds=3;split.num_clients=2;split.client_size=300;server.bootstrap_epochs=1" &
+  submit fault "rounds=4;split.num_clients=2;split.client_size=300;split.test_size=500;server.bootstrap_epochs=1;server.epochs=1" &
   local runner=$!
   wait_round 1
   server_compose kill supernode-0 2>&1 | grep -v '^Killing' || true
@@ -301,14 +305,15 @@ import json
 import sys
 
 rows = json.load(open(sys.argv[1]))["rounds"]
-assert [r["round"] for r in rows] == [1, 2, 3], rows
+assert [r["round"] for r in rows] == [1, 2, 3, 4], rows
 assert rows[0]["clients"] == 2 and rows[0]["failures"] == 0, rows[0]
 assert rows[1]["failed_partitions"] == [0] and rows[1]["clients"] == 1, rows[1]
-assert rows[2]["clients"] == 2 and rows[2]["failures"] == 0, rows[2]
+assert rows[3]["clients"] == 2 and rows[3]["failures"] == 0, rows[3]
 print(
     "compose-e2e: fault run: round 2 went on without node 0 "
-    f"(failed_partitions {rows[1]['failed_partitions']}); round 3 counted it again "
-    f"(clients {rows[2]['clients']}, failures {rows[2]['failures']})"
+    f"(failed_partitions {rows[1]['failed_partitions']}, {rows[1]['seconds']:.0f} s); "
+    f"round 3: clients {rows[2]['clients']}; round 4 counted it again "
+    f"(clients {rows[3]['clients']}, failures {rows[3]['failures']})"
 )
 EOF
 }

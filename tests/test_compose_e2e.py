@@ -44,4 +44,4 @@ def test_compose_e2e_script_runs_the_containers_as_simulation_does():
     )
     assert [r[0] for r in rounds] == ["1", "2"], proc.stdout[-4000:]
     assert all(deployed == simulated for _, deployed, simulated in rounds)
-    assert "round 3 counted it again (clients 2, failures 0)" in proc.stdout
+    assert "round 4 counted it again (clients 2, failures 0)" in proc.stdout
