@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 from flwr.common.config import parse_config_args
 
+from ssfl.certs import main as certs_main
 from ssfl.certs import make_certificates, make_node_key
 from ssfl.cli import parse_node_data
 from ssfl.deploy import SUPERLINK, LocalDeployment, last_error, node_config
@@ -58,6 +59,16 @@ def test_node_key_pair_is_what_flower_loads(tmp_path):
     assert public.read_text().startswith("ecdsa-sha2-nistp384 ")
     assert len(try_load_public_key(public)) > 0  # as `flwr supernode register` loads it
     assert private.stat().st_mode & 0o077 == 0
+
+
+def test_certs_command_makes_only_an_edge_nodes_key_pair(tmp_path, capsys):
+    assert certs_main([str(tmp_path), "--node-key", "node"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node", "node.pub"]
+    assert load_ssh_private_key((tmp_path / "node").read_bytes(), None).curve.name == "secp384r1"
+    with pytest.raises(SystemExit) as exit_info:
+        certs_main([str(tmp_path), "--node-key", "node", "--nodes", "2"])
+    assert exit_info.value.code == 2
+    assert "--node-key makes one key pair only" in capsys.readouterr().err
 
 
 def test_node_config_round_trips_through_flowers_parser():
