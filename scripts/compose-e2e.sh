@@ -25,7 +25,6 @@ REPO=$PWD
 IMAGE=ssfl:1.41.0
 BASE=${SSFL_BASE_IMAGE:-ssfl-base:bookworm}
 EXP=experiments/fmnist-las/fedavg_fixmatch.yaml
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/ssfl-compose-e2e.XXXXXX")
 SERVER_PROJECT=ssfl-e2e-server-$$
 EDGE_PROJECT=ssfl-e2e-edge-$$
 SIM_PID=""
@@ -87,6 +86,7 @@ cleanup() {
   rm -rf "$WORK"
   exit "$rc"
 }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ssfl-compose-e2e.XXXXXX")
 trap cleanup EXIT
 
 TOTAL=$(date +%s.%N)
