@@ -313,12 +313,10 @@ class RoundLoop(Strategy):
                     f"{wanted} needed (federation.min_clients, 0 = split.num_clients)"
                 )
             time.sleep(0.1)
+        # The query carries nothing: a node answers from its own node config, so the
+        # discovery of N nodes costs N empty messages, not N copies of the config.
         messages = [
-            Message(
-                content=RecordDict({"config": ConfigRecord({"ssfl-config": self.config_json})}),
-                message_type=MessageType.QUERY,
-                dst_node_id=nid,
-            )
+            Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=nid)
             for nid in sorted(grid.get_node_ids())
         ]
         nodes: dict[int, int] = {}

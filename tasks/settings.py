@@ -296,9 +296,11 @@ class ClientSettings(OptimizerSettings):
 class LrScheduleSettings:
     name: str = setting(
         "exponential",
-        "`exponential` (lr x lr_decay^(round - 1)) or `cosine` (SSFL eq. 9, per SGD step)",
-        choices=("exponential", "cosine"),
-        ref="SSFL benchmark eq. 9",
+        "`exponential` (lr x lr_decay^(round - 1)), `cosine` (SSFL eq. 9, per SGD step) or "
+        "`multistep` (lr x gamma^k, k the milestones the round has passed: the FedoSSL "
+        "official code's MultiStepLR)",
+        choices=("exponential", "cosine", "multistep"),
+        ref="SSFL benchmark eq. 9; FedoSSL official code",
     )
     epochs: float = setting(
         0.0,
@@ -317,6 +319,16 @@ class LrScheduleSettings:
     )
     cycles: float = setting(0.4375, "cosine: c of eq. 9", rule=NON_NEGATIVE)
     floor: float = setting(0.0001, "cosine: epsilon of eq. 9", rule=UNIT)
+    first_milestone: float = setting(
+        0.7,
+        "multistep: the first decay, from the round after this fraction of the run's rounds "
+        "(FedoSSL code: epoch 140 of 200)",
+        rule=UNIT,
+    )
+    second_milestone: float = setting(
+        0.9, "multistep: the second decay (FedoSSL code: epoch 180 of 200)", rule=UNIT
+    )
+    gamma: float = setting(0.1, "multistep: the factor at each milestone (code: 0.1)", rule=UNIT)
 
 
 @dataclass(frozen=True)

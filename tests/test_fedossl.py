@@ -31,8 +31,8 @@ BASE = {
     "federation": {"clients_per_round": 3},
     "client": {"batch_size": 64, "lr": 0.05},
     "algo": {
-        "cluster_from_round": 1,
-        "ce_from_round": 1,
+        "cluster_from_epoch": 0,
+        "ce_from_epoch": 0,
         "calibration_threshold": 0.2,
         "local_centroids": 8,
         "server_cluster_steps": 20,
@@ -62,6 +62,8 @@ def test_fedossl_rounds_carry_the_open_world_metrics_and_their_best_so_far():
         assert rows[-1][f"best_{key}"] == max(r[key] for r in rows)
     assert rows[-1]["local_centroids"] == 3 * 8  # every sampled client's centroids clustered
     assert all(r["cluster_loss"] > 0 for r in rows)  # calibration from round 1 here
+    for name in ("seen", "lu", "gu"):  # the diagnostic, once centroids exist (round 2)
+        assert 0.0 <= rows[-1][f"q_agree_{name}"] <= 1.0
     m = strategy.parts.codec.centroids.m
     assert m.shape == (10, 128)
     np.testing.assert_allclose(m.norm(dim=1).numpy(), 1.0, rtol=1e-5)
