@@ -188,8 +188,11 @@ class ClientHalf(ABC):
     """Local training of one client in one round."""
 
     # The optional client options (ssfl.experiment.CLIENT_OPTIONS) ``train`` honours; the
-    # config refuses any other one set on. The base optimizer keeps momentum and Nesterov.
-    honours: frozenset[str] = frozenset({"client.keep_momentum", "client.nesterov"})
+    # config refuses any other one set on. The base optimizer keeps momentum, Nesterov and
+    # Adam.
+    honours: frozenset[str] = frozenset(
+        {"client.keep_momentum", "client.nesterov", "client.optimizer"}
+    )
 
     def __init__(
         self, content: RecordDict, state: RecordDict, partition_id: int, data_path: str = ""
@@ -220,8 +223,14 @@ class ClientHalf(ABC):
         self.model.load_state_dict(self.content["arrays"].to_torch_state_dict())
 
     def optimizer(self) -> torch.optim.Optimizer:
-        """SGD; with client.keep_momentum, the momentum buffers of this node's last round."""
+        """SGD (or Adam, client.optimizer); with client.keep_momentum, the SGD momentum
+        buffers of this node's last round."""
         half = self.settings.client
+        if half.optimizer == "adam":
+            self.opt = torch.optim.Adam(
+                self.model.parameters(), lr=self.lr, weight_decay=half.weight_decay
+            )
+            return self.opt
         self.opt = make_sgd(
             self.model.parameters(), self.lr, half.momentum, half.weight_decay, half.nesterov
         )

@@ -48,6 +48,7 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "client.keep_momentum": False,
     "client.nesterov": False,
     "client.proximal_mu": 0.0,
+    "client.optimizer": "sgd",
 }
 
 # Keys that say where and how a run executes, not what it computes.

@@ -220,6 +220,15 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
     _check_scenario(cfg["split"])
     for half in ("server", "client"):
         _check_round_length(half, cfg[half], cfg["lr_schedule"]["name"])
+    if cfg["server"]["optimizer"] != "sgd":
+        raise ConfigError("config key 'server.optimizer': the server trains with sgd only")
+    if cfg["client"]["optimizer"] != "sgd" and (
+        cfg["client"]["keep_momentum"] or cfg["client"]["nesterov"]
+    ):
+        raise ConfigError(
+            "config key 'client.optimizer': keep_momentum and nesterov belong to sgd; "
+            "set them to false with adam"
+        )
     for half in ("server", "client"):
         if cfg[half]["nesterov"] and cfg[half]["momentum"] <= 0:
             raise ConfigError(

@@ -265,6 +265,14 @@ class OptimizerSettings:
         "keep the SGD momentum across rounds (SSFL benchmark's code; a client keeps it in "
         "its node's `context.state`)",
     )
+    optimizer: str = setting(
+        "sgd",
+        "`sgd` (with `momentum`, `nesterov`, `weight_decay`) or `adam` (betas 0.9, 0.999; "
+        "`weight_decay` as L2; FedSup Table 6.6's learning-rate sweep reads like Adam's); "
+        "clients only",
+        choices=("sgd", "adam"),
+        ref="FedSup Table 6.6",
+    )
 
 
 @dataclass(frozen=True)

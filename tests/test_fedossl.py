@@ -80,6 +80,17 @@ def test_centroids_travel_only_with_the_calibration_module_and_are_counted():
 
 
 @pytest.mark.slow
+def test_calibration_starts_on_the_clock_of_local_epochs():
+    # E = 1: one epoch precedes round 2, two precede round 3.
+    rows, _ = run(
+        rounds=3, client={"epochs": 1}, algo={"cluster_from_epoch": 1, "ce_from_epoch": 2}
+    )
+    assert rows[0]["cluster_loss"] == 0.0 and rows[1]["cluster_loss"] > 0.0
+    assert rows[1]["ce_loss"] == 0.0
+    assert "q_agree_seen" in rows[0]  # the diagnostic reads m from round 1 on
+
+
+@pytest.mark.slow
 def test_same_seed_same_numbers():
     """A one-round run repeats the first round of the two-round run, number for number."""
     first, _ = run(rounds=1)
