@@ -4,9 +4,14 @@ method and refused by the others."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from ssfl.experiment import resolve_config
 from strategies.parts import RobustAveraging
@@ -22,7 +27,8 @@ from tasks.aggregate import (
 from tasks.attack import attackers, flipped_labels, flipped_logits, poisoned
 from tasks.config import ConfigError
 from tasks.train import evaluate
-from tests.harness import InProcessGrid, build_strategy, run_method, tiny_raw
+from tests.conftest import ROOT
+from tests.harness import InProcessGrid, build_strategy, run_method, ssfl_run, tiny_raw
 
 
 def states(*rows: list[float]) -> list[dict[str, np.ndarray]]:
@@ -308,3 +314,44 @@ def test_a_scaled_attacker_wrecks_the_mean_and_median_and_krum_survive():
     assert accuracy(scale_attack_raw({"rule": "mean"})) < 0.2
     assert accuracy(scale_attack_raw({"rule": "median"})) > clean - 0.1
     assert accuracy(scale_attack_raw({"rule": "krum", "krum_f": 1})) > clean - 0.1
+
+
+# ----- Through Flower: simulation and deploy-local -----------------------------------------
+@pytest.mark.e2e
+def test_an_attacker_in_simulation_is_recorded_in_the_results(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    raw = scale_attack_raw({"rule": "median", "clip_norm": 1000.0})
+    exp.write_text(yaml.safe_dump(raw))
+    res = ssfl_run(exp, tmp_path / "out", "--quiet")
+    assert [row["attackers"] for row in res["rounds"]] == [[0], [0]]
+    assert all(row["clipped_partitions"] == [0] for row in res["rounds"])
+    assert res["config"]["federation"]["attack"]["partitions"] == [0]
+    assert res["final_test_accuracy"] > 0.5
+
+
+@pytest.mark.e2e
+def test_a_nan_attacker_in_deploy_local_is_rejected_and_the_model_is_without_it(tmp_path):
+    """Node 1 sends NaN every round: rejected, and the numbers are those of a deployment in
+    which node 1 fails every round (its data folder is missing)."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(scale_attack_raw(None)))
+    common = ("deploy-local", str(exp), "--nodes", "2", "--rounds", "2", "--quiet")
+    attack = ("--set", "federation.attack.kind=nan", "--set", "federation.attack.partitions=[1]")
+    attacked = ssfl_cli(*common, *attack, "--out", str(tmp_path / "attacked"))
+    assert attacked.returncode == 0, attacked.stderr[-3000:]
+    missing = ("--node-data", f"1={tmp_path / 'no-such-folder'}")
+    ssfl_cli(*common, *missing, "--out", str(tmp_path / "without"))
+    att, without = (
+        json.loads((tmp_path / d / "results.json").read_text()) for d in ("attacked", "without")
+    )
+    assert [row["attackers"] for row in att["rounds"]] == [[1], [1]]
+    assert [row["rejected_partitions"] for row in att["rounds"]] == [[1], [1]]
+    assert "non-finite values" in att["rounds"][0]["rejected_reasons"][0]
+    assert [row["failed_partitions"] for row in without["rounds"]] == [[1], [1]]
+    for key in ("test_accuracy", "test_loss", "train_loss"):
+        assert [r[key] for r in att["rounds"]] == [r[key] for r in without["rounds"]], key
+
+
+def ssfl_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ssfl.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
