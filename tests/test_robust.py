@@ -320,11 +320,11 @@ def test_a_scaled_attacker_wrecks_the_mean_and_median_and_krum_survive():
 @pytest.mark.e2e
 def test_an_attacker_in_simulation_is_recorded_in_the_results(tmp_path):
     exp = tmp_path / "exp.yaml"
-    raw = scale_attack_raw({"rule": "median", "clip_norm": 1000.0})
+    raw = scale_attack_raw({"rule": "median", "clip_norm": 1.0})
     exp.write_text(yaml.safe_dump(raw))
     res = ssfl_run(exp, tmp_path / "out", "--quiet")
     assert [row["attackers"] for row in res["rounds"]] == [[0], [0]]
-    assert all(row["clipped_partitions"] == [0] for row in res["rounds"])
+    assert all(0 in row["clipped_partitions"] for row in res["rounds"])
     assert res["config"]["federation"]["attack"]["partitions"] == [0]
     assert res["final_test_accuracy"] > 0.5
 
