@@ -169,7 +169,7 @@ def krum_scores(states: Sequence[State], f: int) -> np.ndarray:
 
 def krum_select(states: Sequence[State], f: int, m: int = 1) -> list[int]:
     """The indices of the m models with the lowest Krum scores, best first (ties: the
-    lower index); m = 1 is Krum, m > 1 multi-Krum (El Mhamdi et al. 2018)."""
+    lower index); m = 1 is Krum, m > 1 multi-Krum (Blanchard et al. 2017)."""
     if not 1 <= m <= len(states):
         raise ValueError("m must be in [1, the number of models]")
     order = np.argsort(krum_scores(states, f), kind="stable")

@@ -9,7 +9,7 @@ in its round config; the client half applies the attack: to what it sends
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -53,10 +53,7 @@ def poisoned(
         k: np.asarray(sent[k], np.float64) - np.asarray(received[k], np.float64) for k in floats
     }
     out = dict(sent)
-    if kind == "noise":
-        total = sum(float((u**2).sum()) for u in update.values())
-        size = sum(u.size for u in update.values())
-        std = factor * np.sqrt(total / max(size, 1))
+    std = factor * update_rms(update.values()) if kind == "noise" else 0.0
     for key in floats:
         base, u = np.asarray(received[key], np.float64), update[key]
         if kind == "scale":
@@ -69,6 +66,13 @@ def poisoned(
             value = np.full(u.shape, np.nan)
         out[key] = value.astype(sent[key].dtype)
     return out
+
+
+def update_rms(arrays: Iterable[np.ndarray]) -> float:
+    """Root mean square over every coordinate of ``arrays`` (0 when there are none)."""
+    parts = list(arrays)
+    size = sum(a.size for a in parts)
+    return float(np.sqrt(sum(float((a**2).sum()) for a in parts) / size)) if size else 0.0
 
 
 def flipped_labels(labels: torch.Tensor, num_classes: int) -> torch.Tensor:

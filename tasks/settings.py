@@ -394,8 +394,7 @@ class AggregateSettings:
         "(the one update closest to its neighbours), `multi_krum` (the mean of the `krum_m` "
         "best by Krum's score)",
         choices=("mean", "median", "trimmed_mean", "krum", "multi_krum"),
-        ref="Yin et al. 2018 (median, trimmed mean); Blanchard et al. 2017 (Krum); "
-        "El Mhamdi et al. 2018 (multi-Krum)",
+        ref="Yin et al. 2018 (median, trimmed mean); Blanchard et al. 2017 (Krum, multi-Krum)",
     )
     trim_fraction: float = setting(
         0.2,
@@ -412,9 +411,9 @@ class AggregateSettings:
     )
     krum_m: int = setting(
         0,
-        "`multi_krum`: m, the updates averaged; 0 = n - f",
+        "`multi_krum`: m, the updates averaged; 0 = n - f (ours)",
         rule=between(0, MAX_CLIENTS),
-        ref="El Mhamdi et al. 2018",
+        ref="Blanchard et al. 2017",
     )
     clip_norm: float = setting(
         0.0,
