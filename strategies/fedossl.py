@@ -330,6 +330,7 @@ class FedoSSL(ServerHalf):
     """FedAvg of the models + Sinkhorn-Knopp global centroids; open-world evaluation."""
 
     open_world = True
+    averages_models = False  # kept personal heads and clustered centroids beside the average
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
