@@ -25,9 +25,9 @@ from tasks.aggregate import (
     weighted_average,
 )
 from tasks.attack import attackers, flipped_labels, flipped_logits, poisoned
-from tasks.config import ConfigError
+from tasks.config import ConfigError, deep_merge
 from tasks.train import evaluate
-from tests.conftest import ROOT
+from tests.conftest import ROOT, synthetic_experiment
 from tests.harness import InProcessGrid, build_strategy, run_method, ssfl_run, tiny_raw
 
 
@@ -280,24 +280,14 @@ def test_validation_drops_updates_that_lose_more_than_the_margin(monkeypatch):
 def scale_attack_raw(aggregate: dict | None) -> dict:
     """Five clients learning synthetic data in two rounds; partition 0 scales its update
     x100 unless ``aggregate`` is None (the attack-free run)."""
-    raw = {
-        "method": "fedavg_fixmatch",
-        "rounds": 2,
-        "dataset": {
-            "name": "synthetic28",
-            "synthetic_train_size": 2000,
-            "synthetic_test_size": 400,
+    raw = deep_merge(
+        synthetic_experiment(),
+        {
+            "split": {"num_clients": 5},
+            "server": {"bootstrap_epochs": 10},
+            "algo": {"threshold": 0.5},
         },
-        "split": {
-            "labeled_per_class": 10,
-            "val_size": 50,
-            "test_size": 400,
-            "num_clients": 5,
-            "client_size": 200,
-        },
-        "server": {"bootstrap_epochs": 10, "epochs": 1},
-        "algo": {"threshold": 0.5},
-    }
+    )
     if aggregate is not None:
         raw["federation"] = {"attack": {"kind": "scale", "partitions": [0], "factor": 100.0}}
         raw["aggregate"] = aggregate
