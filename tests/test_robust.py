@@ -294,7 +294,7 @@ def scale_attack_raw(aggregate: dict | None) -> dict:
     return raw
 
 
-@pytest.mark.slow  # four two-round runs of five clients (about 30 s)
+@pytest.mark.slow  # four two-round runs of five clients
 def test_a_scaled_attacker_wrecks_the_mean_and_median_and_krum_survive():
     def accuracy(raw: dict) -> float:
         rows, _ = run_method(raw, InProcessGrid(5))
