@@ -420,7 +420,7 @@ class FedoSSLClient(ClientHalf):
                 temp = a.centroid_temperature
                 q1 = centroid_assignment(z1, m, temp)
                 q2 = centroid_assignment(z2, m, temp)
-                rows, pair = slice(None), pair
+                rows = slice(None)
                 if a.cluster_rows == "unlabeled":
                     rows, pair = slice(nl, None), pair_indices(z1[nl:], yl[:0], 0)
                 l_cal, l_ce, l_cluster = calibration_loss(

@@ -220,11 +220,12 @@ def role_agreement(q: Tensor, logits: Tensor, true_y: Tensor, roles: str) -> dic
     """How often argmax q (L_ce's target, eq. 8) equals the classifier's argmax, per class
     role of the samples' hidden labels: q_agree_seen, q_agree_lu, q_agree_gu (``roles``: one
     letter S, L or G per class; a role no sample has is left out)."""
-    same = (q.argmax(1) == logits.argmax(1)).cpu()
-    role_of = [roles[int(c)] for c in true_y.cpu()]
+    same = q.argmax(1) == logits.argmax(1)
+    letters = ("S", "L", "G")
+    codes = torch.tensor([letters.index(r) for r in roles], device=true_y.device)[true_y]
     out = {}
-    for letter, name in (("S", "seen"), ("L", "lu"), ("G", "gu")):
-        mine = torch.tensor([r == letter for r in role_of], dtype=torch.bool)
+    for code, name in enumerate(("seen", "lu", "gu")):
+        mine = codes.to(same.device) == code
         if mine.any():
             out[f"q_agree_{name}"] = same[mine].float().mean().item()
     return out
