@@ -19,11 +19,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from ssfl.registry import settings_of
+from tasks.attack import MODEL_ATTACKS, poisoned
 from tasks.augment import StrongAugment, WeakAugment
 from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
@@ -188,8 +190,14 @@ class ClientHalf(ABC):
     """Local training of one client in one round."""
 
     # The optional client options (ssfl.experiment.CLIENT_OPTIONS) ``train`` honours; the
-    # config refuses any other one set on. The base optimizer keeps momentum and Nesterov.
-    honours: frozenset[str] = frozenset({"client.keep_momentum", "client.nesterov"})
+    # config refuses any other one set on. The base optimizer keeps momentum, Nesterov and
+    # Adam.
+    honours: frozenset[str] = frozenset(
+        {"client.keep_momentum", "client.nesterov", "client.optimizer"}
+    )
+    # The federation.attack kinds it can apply (the config refuses the others): every dense
+    # half can poison the model it sends; a half that makes pseudo-labels adds label_flip.
+    attacks: frozenset[str] = frozenset(MODEL_ATTACKS)
 
     def __init__(
         self, content: RecordDict, state: RecordDict, partition_id: int, data_path: str = ""
@@ -200,6 +208,9 @@ class ClientHalf(ABC):
         self.algo: Any = self.settings.algo  # the method's settings class (ssfl.registry)
         self.round = int(self.config["round"])
         self.lr = float(self.config["lr"])
+        # The attack this client makes this round: the server tells the round's attackers.
+        told = bool(self.config.get("attack", False))
+        self.attack = self.settings.federation.attack.kind if told else "none"
         self.state = state
         self.device = resolve_device(self.settings.device)
         self.data = streamed(
@@ -220,8 +231,14 @@ class ClientHalf(ABC):
         self.model.load_state_dict(self.content["arrays"].to_torch_state_dict())
 
     def optimizer(self) -> torch.optim.Optimizer:
-        """SGD; with client.keep_momentum, the momentum buffers of this node's last round."""
+        """SGD (or Adam, client.optimizer); with client.keep_momentum, the SGD momentum
+        buffers of this node's last round."""
         half = self.settings.client
+        if half.optimizer == "adam":
+            self.opt = torch.optim.Adam(
+                self.model.parameters(), lr=self.lr, weight_decay=half.weight_decay
+            )
+            return self.opt
         self.opt = make_sgd(
             self.model.parameters(), self.lr, half.momentum, half.weight_decay, half.nesterov
         )
@@ -304,10 +321,30 @@ class ClientHalf(ABC):
         with seeded(self.seed) as self.generator, autocast(self.settings.train.amp, self.device):
             return self.train()
 
+    def poisoned(self, sent: ArrayRecord) -> ArrayRecord:
+        """The model this attacker sends in place of ``sent`` (tasks.attack.poisoned, with
+        the update taken against the model it received; noise drawn from the seed, the
+        partition and the round)."""
+        attack = self.settings.federation.attack
+        rng = np.random.default_rng(
+            derive_seed(self.settings.seed, "attack", self.data.partition_id, self.round)
+        )
+        received = self.content["arrays"]
+        out = poisoned(
+            attack.kind,
+            attack.factor,
+            dict(zip(sent.keys(), sent.to_numpy_ndarrays())),
+            dict(zip(received.keys(), received.to_numpy_ndarrays())),
+            rng,
+        )
+        return ArrayRecord(array_dict={k: Array(np.array(v, order="C")) for k, v in out.items()})
+
     def reply(self) -> RecordDict:
         metrics = self.run()
         self.save_momentum()
         content = RecordDict(self.reply_arrays())
+        if self.attack in MODEL_ATTACKS:
+            content["arrays"] = self.poisoned(content["arrays"])
         content["metrics"] = MetricRecord(
             {
                 **{k: float(v) for k, v in metrics.items()},

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from client_app.base import ClientHalf
+from tasks.attack import flipped_logits
 from tasks.augment import grouped_views
 from tasks.losses import proximal_term
 from tasks.train import cycled_batch, running_sum, set_lr
@@ -61,6 +62,7 @@ class ConsistencyClient(ClientHalf):
     """Local epochs (or steps) over the unlabeled data with a weak/strong consistency loss."""
 
     honours = ClientHalf.honours | {"client.local_steps", "lr_schedule.name", "client.proximal_mu"}
+    attacks = ClientHalf.attacks | {"label_flip"}
 
     @staticmethod
     @abstractmethod
@@ -84,7 +86,10 @@ class ConsistencyClient(ClientHalf):
     def unlabeled_loss(
         self, logits_weak: torch.Tensor, logits_trained: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, per-sample mask) of the method (:meth:`loss_of` its settings)."""
+        """(loss, per-sample mask) of the method (:meth:`loss_of` its settings); a label_flip
+        attacker's pseudo-labels are flipped (tasks.attack.flipped_logits)."""
+        if self.attack == "label_flip":
+            logits_weak = flipped_logits(logits_weak)
         return self.loss_of(self.algo)(logits_weak, logits_trained)
 
     def labeled_loss(self, step: int, weak) -> torch.Tensor:

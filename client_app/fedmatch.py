@@ -153,6 +153,7 @@ class FedMatchClient(ClientHalf):
     # One SGD per part, built every round (official code): no kept momentum, no proximal
     # term, epochs at one rate a round.
     honours = frozenset({"client.nesterov"})
+    attacks: frozenset[str] = frozenset()  # its payload is sparse psi, not a dense model
 
     def build_model(self) -> Decomposed:
         net = model_for(self.settings.model, self.data)

@@ -49,6 +49,7 @@ from tasks.openworld import (
     pair_indices,
     pairwise_loss,
     predict,
+    role_agreement,
     suppressed_loss,
 )
 from tasks.partition import SEEN, class_roles
@@ -81,7 +82,13 @@ class FedoSSLSettings(RandAugmentSettings):
     alpha: float = setting(
         1.0, "weight of the pairwise objective L_u", rule=NON_NEGATIVE, ref="FedoSSL eq. 1"
     )
-    beta: float = setting(1.0, "weight of R_i", rule=NON_NEGATIVE, ref="FedoSSL eq. 4")
+    beta: float = setting(
+        0.0,
+        "weight of R_i, at the official code's scale (its L1 loss averages over the C "
+        "classes); 0: R_i off, as the code (its term is commented out; paper: 1)",
+        rule=NON_NEGATIVE,
+        ref="FedoSSL eq. 4-6",
+    )
     flip_suppressed: bool = setting(
         False, "true: R_i maximised, the official code's commented-out sign"
     )
@@ -98,7 +105,16 @@ class FedoSSLSettings(RandAugmentSettings):
         ref="FedoSSL eq. 7",
     )
     cluster_weight: float = setting(
-        1.0, "L_cluster inside L_cal (code: 0.5)", rule=NON_NEGATIVE, ref="FedoSSL eq. 7"
+        0.5, "L_cluster inside L_cal (code: 0.5; eq. 7: 1)", rule=NON_NEGATIVE, ref="FedoSSL eq. 7"
+    )
+    cluster_rows: str = setting(
+        "batch",
+        "the rows of L_cluster: `batch` = every sample of the batch with L_u's partners "
+        "(labeled: a sample of its class; unlabeled: its nearest sample of the whole batch), "
+        "as the code; `unlabeled` = the unlabeled samples and partners among them, eq. 9's "
+        "wording",
+        choices=("batch", "unlabeled"),
+        ref="FedoSSL eq. 9",
     )
     entropy_weight: float = setting(
         1.0, "the official code's -H(mean p) regulariser (ORCA's)", rule=NON_NEGATIVE
@@ -124,11 +140,16 @@ class FedoSSLSettings(RandAugmentSettings):
         rule=POSITIVE,
         ref="FedoSSL eq. 8-9",
     )
-    cluster_from_round: int = setting(
-        5, "L_cluster from this round (code: round 5)", rule=between(1, MAX_ROUNDS)
+    cluster_from_epoch: float = setting(
+        25.0,
+        "L_cluster from the first round preceded by this many local epochs of training, "
+        "(round - 1) x client.epochs (code: `global_round > 4` with E = 5, the 6th round)",
+        rule=between(0, MAX_EPOCHS * MAX_ROUNDS),
     )
-    ce_from_round: int = setting(
-        7, "L_ce from this round (code: round 7)", rule=between(1, MAX_ROUNDS)
+    ce_from_epoch: float = setting(
+        35.0,
+        "L_ce likewise (code: `global_round > 6` with E = 5, the 8th round)",
+        rule=between(0, MAX_EPOCHS * MAX_ROUNDS),
     )
     local_centroids: int = setting(
         32,
@@ -274,6 +295,7 @@ class RoundStart:
     hard: torch.Tensor | None
     centroids: torch.Tensor | None
     seen: torch.Tensor
+    agreement: dict[str, float]
 
 
 class FedoSSLClient(ClientHalf):
@@ -327,15 +349,28 @@ class FedoSSLClient(ClientHalf):
                 a.kmeans_iters,
                 self.generator,
             )
+        centroids = self.global_centroids()
         return RoundStart(
             counts=counts,
             margin=min(mean_uncertainty(probs), a.max_margin),
             gap=learning_gap(probs, seen),
             pseudo=pseudo,
             hard=None if pseudo is None else hard_pseudo_labels(probs, pseudo),
-            centroids=self.global_centroids(),
+            centroids=centroids,
             seen=seen,
+            agreement=self.agreement(z, logits, centroids),
         )
+
+    def agreement(
+        self, z: torch.Tensor, logits: torch.Tensor, centroids: torch.Tensor | None
+    ) -> dict[str, float]:
+        """The calibration's diagnostic on the unlabeled samples (:func:`role_agreement`;
+        empty before global centroids exist or when the hidden labels are unknown)."""
+        if centroids is None or self.data.true_y is None:
+            return {}
+        q = centroid_assignment(z, centroids, self.algo.centroid_temperature)
+        roles = class_roles(self.settings.split.class_roles, self.data.num_classes)
+        return role_agreement(q, logits, self.data.true_y, roles)
 
     def batch_sizes(self) -> tuple[int, int]:
         """(labeled, unlabeled) per step: client.batch_size shared by the counts (ORCA)."""
@@ -378,18 +413,31 @@ class FedoSSLClient(ClientHalf):
         l_ce, l_cluster = zero, zero
         m = start.centroids
         if m is not None:
-            w_ce = a.ce_weight * (self.round >= a.ce_from_round)
-            w_cl = a.cluster_weight * (self.round >= a.cluster_from_round)
+            epochs = self.epochs_before_round()
+            w_ce = a.ce_weight * (epochs >= a.ce_from_epoch)
+            w_cl = a.cluster_weight * (epochs >= a.cluster_from_epoch)
             if w_ce or w_cl:
                 temp = a.centroid_temperature
-                q1 = centroid_assignment(z1[nl:], m, temp)
-                q2 = centroid_assignment(z2[nl:], m, temp)
-                pair_u = pair_indices(z1[nl:], yl[:0], 0)
+                q1 = centroid_assignment(z1, m, temp)
+                q2 = centroid_assignment(z2, m, temp)
+                rows = slice(None)
+                if a.cluster_rows == "unlabeled":
+                    rows, pair = slice(nl, None), pair_indices(z1[nl:], yl[:0], 0)
                 l_cal, l_ce, l_cluster = calibration_loss(
-                    l1[nl:], q1, q2, pair_u, a.calibration_threshold, w_ce, w_cl
+                    l1[nl:], q1[nl:], q1[rows], q2[rows], pair, a.calibration_threshold, w_ce, w_cl
                 )
                 loss = loss + a.gamma * l_cal
         return loss, [loss, l_s, l_u, r, l_ce, l_cluster]
+
+    def epochs_before_round(self) -> float:
+        """Local epochs of training before this round, the clock of the calibration gates:
+        (round - 1) x client.epochs, or with client.local_steps T, T unlabeled batches a
+        round in epochs of the client's unlabeled data."""
+        half = self.settings.client
+        per_round = float(half.epochs)
+        if half.local_steps:
+            per_round = half.local_steps * self.batch_sizes()[1] / max(len(self.data.x), 1)
+        return (self.round - 1) * per_round
 
     def nach_loss(
         self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, start: RoundStart
@@ -478,7 +526,8 @@ class FedoSSLClient(ClientHalf):
             totals += torch.stack([t.detach().float() for t in terms])
             steps += 1
         mean = (totals / max(steps, 1)).tolist()
-        return {**dict(zip(names, mean)), "margin": start.margin, "local_steps": steps}
+        metrics = {**dict(zip(names, mean)), "margin": start.margin, "local_steps": steps}
+        return {**metrics, **start.agreement}
 
     def local_centroids(self) -> dict[str, torch.Tensor]:
         """Fig. 1 step 1: L centroids of algo.centroid_samples random local features

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from client_app.base import ClientHalf
+from tasks.attack import flipped_labels
 from tasks.augment import RandAugment, augment_grouped
 from tasks.losses import proximal_term
 from tasks.selfensemble import (
@@ -100,6 +101,7 @@ class FedSEALClient(ClientHalf):
     """Local training on D+ (strong view, cross-entropy) and D- (complementary labels)."""
 
     honours = ClientHalf.honours | {"client.proximal_mu"}
+    attacks = ClientHalf.attacks | {"label_flip"}
 
     def strong_view(self) -> nn.Module:
         """A(.) of eq. 14, as ``algo.strong_view`` names it."""
@@ -137,6 +139,9 @@ class FedSEALClient(ClientHalf):
         if algo.oracle_labels:
             pos_labels = self.true_labels()
         neg_labels, neg = complementary_labels(ensemble, pos, algo.theta, self.generator)
+        if self.attack == "label_flip":  # both label sets, flipped c -> C - 1 - c
+            pos_labels = flipped_labels(pos_labels, d.num_classes)
+            neg_labels = flipped_labels(neg_labels, d.num_classes)
         if not algo.negative_learning:
             neg = torch.zeros_like(pos)
         lam = lambda_ramp(self.round, algo.lambda_start, algo.lambda_end, algo.lambda_ramp_rounds)

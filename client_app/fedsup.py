@@ -27,6 +27,7 @@ from tasks.augment import grouped_views
 from tasks.models import model_for, ssl_outputs, without_ssl_heads
 from tasks.settings import (
     MAX_CLIENTS,
+    MAX_ROUNDS,
     NON_NEGATIVE,
     POSITIVE,
     RandAugmentSettings,
@@ -43,10 +44,17 @@ class FedSupSettings(RandAugmentSettings):
 
     lambda_s: float = setting(
         1e-4,
-        "L_MSE is weighted lambda_s^(t/T) in round t of T (4.1.1: lambda_s in {1, 1e-2, 1e-4}, "
+        "L_MSE is weighted lambda_s^(t/T) in round t (4.1.1: lambda_s in {1, 1e-2, 1e-4}, "
         "1e-4 chosen)",
         rule=POSITIVE,
         ref="FedSup 4.1.1",
+    )
+    mse_horizon: int = setting(
+        100,
+        "T of lambda_s^(t/T): the paper's 100 CIFAR-10 rounds, so a shorter run follows the "
+        "paper's first rounds of the fade; 0 = the run's own rounds",
+        rule=between(0, MAX_ROUNDS),
+        ref="FedSup 4.1.1, 5.1",
     )
     feature_blocks: int = setting(
         2,
@@ -108,7 +116,8 @@ class FedSupClient(ClientHalf):
         teacher = self.teacher()
         _, strong = self.augmenters()
         opt = self.optimizer()
-        scale = mse_weight(self.algo.lambda_s, self.round, self.settings.rounds)
+        horizon = self.algo.mse_horizon or self.settings.rounds
+        scale = mse_weight(self.algo.lambda_s, self.round, horizon)
         round_steps = self.round_steps()
         totals = torch.zeros(3, device=d.x.device)
         steps = 0

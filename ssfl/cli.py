@@ -4,6 +4,7 @@ deployment (SuperLink and SuperNodes as processes), compare runs."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -71,6 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     loggers = check_loggers(args.log or [])
     precheck(args)
     check_out_arg(args)  # before the SuperLink boots
+    if args.ray_address:
+        os.environ["RAY_ADDRESS"] = check_ray_address(args.ray_address)
     link = LocalSuperLink.booting()  # boots while torch loads and the data is checked
     try:
         settings, out = prepare(args)
@@ -84,6 +87,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         link.close()  # run_simulation closed it already, keeping its log, unless it raised early
     report(results, out)
     return 0
+
+
+def check_ray_address(address: str) -> str:
+    """--ray-address HOST:PORT of a running Ray cluster's head (its GCS port): refused in one
+    line when it is malformed or nothing listens there."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(
+            f"--ray-address {address}: expected HOST:PORT of a Ray head, e.g. 10.0.0.5:6379"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(f"--ray-address {address}: no Ray head answers there ({err})") from None
+    return address
 
 
 def check_out_arg(args: argparse.Namespace) -> None:
@@ -307,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="tensorboard",
         help="also log every per-round metric for TensorBoard into OUT/tensorboard/",
+    )
+    run.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="run the clients on this running Ray cluster (its head's GCS address) instead of "
+        "a local one started for the run; the same as setting RAY_ADDRESS",
     )
     run.set_defaults(func=cmd_run)
 

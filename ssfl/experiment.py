@@ -48,6 +48,7 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "client.keep_momentum": False,
     "client.nesterov": False,
     "client.proximal_mu": 0.0,
+    "client.optimizer": "sgd",
 }
 
 # Keys that say where and how a run executes, not what it computes.
@@ -88,7 +89,40 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
         )
     server.check_config(settings)
     check_clients_train(name, settings.client, spec.client_half())
+    check_attack(name, settings, spec.client_half())
+    check_robust(name, settings, server.averages_models)
     return cfg
+
+
+def check_attack(name: str, settings: Settings, client: Any) -> None:
+    """Refuse an attack kind the method's client half cannot apply."""
+    kind = settings.federation.attack.kind
+    can = () if client is None else sorted(client.attacks)
+    if kind != "none" and kind not in can:
+        raise ConfigError(
+            f"config key 'federation.attack.kind': method {name!r}'s clients cannot apply "
+            f"{kind!r} (they can: {', '.join(can) or 'none'})"
+        )
+
+
+def check_robust(name: str, settings: Settings, averages_models: bool) -> None:
+    """Refuse the robust aggregation options for a method whose aggregation is not a model
+    average; validation on the server needs a validation set."""
+    changed = [
+        f"aggregate.{key}"
+        for key, off in (("rule", "mean"), ("clip_norm", 0.0), ("validate_on_server", False))
+        if getattr(settings.aggregate, key) != off
+    ]
+    if changed and not averages_models:
+        raise ConfigError(
+            f"config key '{changed[0]}': method {name!r} does not aggregate by averaging "
+            "models; leave aggregate.* at its defaults"
+        )
+    if settings.aggregate.validate_on_server and settings.split.val_size == 0:
+        raise ConfigError(
+            "config key 'aggregate.validate_on_server': needs the server's validation set "
+            "(split.val_size > 0)"
+        )
 
 
 def check_clients_train(name: str, half: ClientSettings, client: Any) -> None:

@@ -28,6 +28,8 @@ def shown(value: Any) -> str:
         return "`true`" if value else "`false`"
     if isinstance(value, str):
         return f"`{value}`" if value else '`""`'
+    if isinstance(value, tuple):
+        return f"`[{', '.join(show(v) for v in value)}]`"
     return f"`{show(value)}`"
 
 
@@ -38,7 +40,8 @@ def allowed(f: dataclasses.Field) -> str:
         return ", ".join(f"`{c}`" for c in choices)
     if rule is not None:
         return str(rule)
-    return {"bool": "true / false", "str": "text"}.get(str(f.type), str(f.type))
+    named = {"bool": "true / false", "str": "text", "tuple[int, ...]": "a list of integers"}
+    return named.get(str(f.type), str(f.type))
 
 
 def meaning(f: dataclasses.Field) -> str:

@@ -267,6 +267,8 @@ def check_official_view(algo: FedMatchSettings) -> None:
 class FedMatch(ServerHalf):
     """Server half of FedMatch for both scenarios (``split.scenario``)."""
 
+    averages_models = False  # sparse psi decoded against the public copy, not a model average
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         # The official code's labels-at-server values (reference-implementations.md; paper

@@ -330,6 +330,7 @@ class FedoSSL(ServerHalf):
     """FedAvg of the models + Sinkhorn-Knopp global centroids; open-world evaluation."""
 
     open_world = True
+    averages_models = False  # kept personal heads and clustered centroids beside the average
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -337,8 +338,17 @@ class FedoSSL(ServerHalf):
             # Definition 1: the labels are at the clients (split.labeled_fraction of each
             # seen class), none at the server.
             "split": {"scenario": "open_world", "labeled_per_class": 0, "val_size": 0},
-            # Section 5: SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 512, E = 5.
-            "client": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 512},
+            # Section 5: SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 512, E = 5. The
+            # official code keeps each client's optimizer across rounds and decays its rate
+            # by 10 at 70% and 90% of training (MultiStepLR at epochs 140 and 180 of 200).
+            "client": {
+                "lr": 0.1,
+                "momentum": 0.9,
+                "weight_decay": 5e-4,
+                "batch_size": 512,
+                "keep_momentum": True,
+            },
+            "lr_schedule": {"name": "multistep"},
         }
 
     @classmethod

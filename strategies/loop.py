@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -37,6 +38,7 @@ from strategies.parts import (
     mean_metrics,
     record_bytes,
 )
+from tasks.attack import attackers
 from tasks.checkpoint import kept_checkpoint, save_checkpoint
 from tasks.settings import Settings, mapping
 from tasks.train import DEVICE_RECORD, derive_seed, device_name
@@ -65,6 +67,7 @@ class RoundStats:
     failed_partitions: list[int] = field(default_factory=list)
     rejections: list[tuple[int, str]] = field(default_factory=list)  # (partition, reason)
     problems: list[tuple[int, str]] = field(default_factory=list)  # failed or rejected, why
+    attackers: list[int] = field(default_factory=list)  # told to attack (federation.attack)
 
     def fail(self, pid: int, reason: str) -> None:
         self.failures += 1
@@ -91,6 +94,8 @@ class RoundStats:
             ordered = sorted(self.rejections)
             out["rejected_partitions"] = [pid for pid, _ in ordered]
             out["rejected_reasons"] = [reason for _, reason in ordered]
+        if self.attackers:
+            out["attackers"] = list(self.attackers)
         return out
 
 
@@ -168,9 +173,12 @@ class RoundLoop(Strategy):
         return None
 
     # ----- Messages ------------------------------------------------------------------
-    def client_config(self, server_round: int, pid: int, config: ConfigRecord) -> ConfigRecord:
+    def client_config(
+        self, server_round: int, pid: int, config: ConfigRecord, attacker: bool = False
+    ) -> ConfigRecord:
         """``config``'s entries, then the round number, client learning rate (decayed per
-        round), the full config and the codec's entries."""
+        round), the full config, the codec's entries and, for a client told to attack
+        (federation.attack), ``attack``."""
         half = self.settings.client
         return ConfigRecord(
             {
@@ -179,8 +187,18 @@ class RoundLoop(Strategy):
                 "lr": half.lr * half.lr_decay ** (server_round - 1),
                 "ssfl-config": self.config_json,
                 **self.parts.codec.config(server_round, pid),
+                **({"attack": True} if attacker else {}),
             }
         )
+
+    def attackers_of(self, server_round: int, sampled: list[int]) -> list[int]:
+        """The round's attackers among the ``sampled`` partitions (federation.attack: its
+        partitions, and its fraction drawn from the seed and the round)."""
+        attack = self.settings.federation.attack
+        if attack.kind == "none":
+            return []
+        rng = np.random.default_rng(derive_seed(self.settings.seed, "attack", server_round))
+        return attackers(sampled, attack.partitions, attack.fraction, rng)
 
     def messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, stats: RoundStats
@@ -189,12 +207,15 @@ class RoundLoop(Strategy):
         aggregator, codec = self.parts.aggregator, self.parts.codec
         assert aggregator is not None
         out = []
-        for pid in self.sample_partitions(server_round):
+        sampled = self.sample_partitions(server_round)
+        stats.attackers = self.attackers_of(server_round, sampled)
+        for pid in sampled:
             start = aggregator.start_model(server_round, pid, arrays)
+            attacker = pid in stats.attackers
             content = RecordDict(
                 {
                     **codec.encode(server_round, pid, start),
-                    "config": self.client_config(server_round, pid, config),
+                    "config": self.client_config(server_round, pid, config, attacker),
                 }
             )
             stats.bytes_s2c += record_bytes(content)
@@ -313,12 +334,10 @@ class RoundLoop(Strategy):
                     f"{wanted} needed (federation.min_clients, 0 = split.num_clients)"
                 )
             time.sleep(0.1)
+        # The query carries nothing: a node answers from its own node config, so the
+        # discovery of N nodes costs N empty messages, not N copies of the config.
         messages = [
-            Message(
-                content=RecordDict({"config": ConfigRecord({"ssfl-config": self.config_json})}),
-                message_type=MessageType.QUERY,
-                dst_node_id=nid,
-            )
+            Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=nid)
             for nid in sorted(grid.get_node_ids())
         ]
         nodes: dict[int, int] = {}
@@ -517,6 +536,8 @@ class ServerHalf:
     ssl_heads: frozenset[str] = frozenset()
     # Whether it trains on the open-world split (split.scenario: open_world).
     open_world: bool = False
+    # Whether its aggregator averages models (then aggregate.* applies; else it is refused).
+    averages_models: bool = True
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -7,7 +7,8 @@ A method (``strategies/<method>.py``) picks one of each and hands them to
   :class:`NoTrainer`), run after aggregation or beside the clients;
 - an **aggregator**: turns the round's client updates into the next global model and
   chooses the model each client starts from (:class:`FedAvg`, :class:`AverageWithServer`
-  of SSFL eq. 4-5, :class:`GroupedAverage` of eq. 7);
+  of SSFL eq. 4-5, :class:`GroupedAverage` of eq. 7); the model-averaging ones take the
+  robust options of ``aggregate.*`` through :class:`RobustAveraging`;
 - an **evaluator**: a dict of metrics of a model (:class:`TestAccuracy`);
 - a **payload codec**: which records travel each way, how replies are read and which
   replies are well formed (:class:`DenseCodec` with optional extra :class:`Payload`
@@ -32,10 +33,16 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from torch import nn
 
 from tasks.aggregate import (
+    State,
     assign_groups,
     average_with_server,
+    clip_update,
+    coordinate_median,
     group_average,
     keep_own_buffers,
+    krum_select,
+    trimmed_mean,
+    update_norm,
     weight_diversity,
     weighted_average,
 )
@@ -444,17 +451,131 @@ class Aggregator(Protocol):
         """Take back what ``state`` gave."""
 
 
+class RobustAveraging:
+    """The robust options of the averaging step (``aggregate.*``), for every aggregator that
+    averages models: clip each update (client model minus the model it received) to
+    ``clip_norm``, drop those that lose validation accuracy (``validate_on_server``), then
+    combine the rest by ``rule`` in place of the mean. Inactive with the defaults: the
+    aggregator then averages exactly as without it."""
+
+    def __init__(self, server: ServerSide):
+        self.server = server
+        self.options = server.settings.aggregate
+        self.scratch: nn.Module | None = None  # holds one model at a time for validation
+
+    def active(self) -> bool:
+        o = self.options
+        return o.rule != "mean" or o.clip_norm > 0 or o.validate_on_server
+
+    def screen(
+        self, users: dict[int, State], starts: Mapping[int, ArrayRecord]
+    ) -> tuple[dict[int, State], Metrics]:
+        """The users' models clipped and validated (dropped ones left out), and the
+        partitions clipped and dropped (``clipped_partitions``, ``dropped_partitions``)."""
+        metrics: Metrics = {}
+        bound = self.options.clip_norm
+        if bound > 0:
+            received = {pid: numpy_state(starts[pid]) for pid in users}
+            metrics["clipped_partitions"] = [
+                pid for pid in sorted(users) if update_norm(users[pid], received[pid]) > bound
+            ]
+            users = {pid: clip_update(users[pid], received[pid], bound) for pid in users}
+        if self.options.validate_on_server:
+            dropped = self.validation_drops(users, starts)
+            metrics["dropped_partitions"] = dropped
+            users = {pid: state for pid, state in users.items() if pid not in dropped}
+        return users, metrics
+
+    def validation_drops(
+        self, users: dict[int, State], starts: Mapping[int, ArrayRecord]
+    ) -> list[int]:
+        """The partitions whose model's accuracy on the server's validation set is more than
+        ``validation_margin`` below that of the model they received."""
+        received: dict[int, float] = {}  # by the id of the start record (often shared)
+        dropped = []
+        for pid in sorted(users):
+            start = starts[pid]
+            if id(start) not in received:
+                received[id(start)] = self.validation_accuracy(numpy_state(start))
+            if (
+                self.validation_accuracy(users[pid])
+                < received[id(start)] - self.options.validation_margin
+            ):
+                dropped.append(pid)
+        return dropped
+
+    def validation_accuracy(self, state: State) -> float:
+        """Accuracy of a model on the server's labeled validation set."""
+        s = self.server
+        if self.scratch is None:
+            self.scratch = copy.deepcopy(s.model)
+        self.scratch.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+        with autocast(s.settings.train.amp, s.device):
+            acc, _ = evaluate(self.scratch, s.val_x, s.val_y, s.settings.eval.batch_size)
+        return acc
+
+    def combine(
+        self, users: dict[int, State], weights: Mapping[int, float]
+    ) -> tuple[dict[str, np.ndarray], Metrics]:
+        """The users' models combined by ``rule`` (partition order); ``mean`` and
+        ``multi_krum`` weight them by ``weights``, the others count each once. Krum's picks
+        are recorded as ``krum_selected``."""
+        pids = sorted(users)
+        states = [users[pid] for pid in pids]
+        rule, o = self.options.rule, self.options
+        if rule == "mean":
+            return weighted_average(states, [weights[pid] for pid in pids]), {}
+        if rule == "median":
+            return coordinate_median(states), {}
+        if rule == "trimmed_mean":
+            return trimmed_mean(states, o.trim_fraction), {}
+        m = 1 if rule == "krum" else o.krum_m or max(len(states) - o.krum_f, 1)
+        chosen = sorted(pids[i] for i in krum_select(states, o.krum_f, min(m, len(states))))
+        average = weighted_average([users[pid] for pid in chosen], [weights[pid] for pid in chosen])
+        return average, {"krum_selected": chosen}
+
+    def with_server(
+        self, server: State, users: dict[int, State], server_weight: float
+    ) -> tuple[dict[str, np.ndarray], Metrics]:
+        """SSFL eq. 4 with the users' mean replaced by ``rule``: (a w_s + K r(w_k)) / (a + K)
+        for the K users (w_s alone when none is left)."""
+        if not users:
+            return dict(server), {}
+        combined, metrics = self.combine(users, {pid: 1.0 for pid in users})
+        joined = weighted_average([server, combined], [server_weight, float(len(users))])
+        return joined, metrics
+
+
 class FedAvg:
-    """FedAvg weighted by the clients' example counts (McMahan et al.; FedSEAL eq. 2)."""
+    """FedAvg weighted by the clients' example counts (McMahan et al.; FedSEAL eq. 2), or
+    with ``aggregate.*`` a robust rule in place of the mean (:class:`RobustAveraging`)."""
+
+    def __init__(self, server: ServerSide):
+        self.robust = RobustAveraging(server)
+        self.started_from: dict[int, ArrayRecord] = {}  # this round's start of each client
 
     def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
+        sent = self.model_for(server_round, pid, arrays)
+        self.started_from[pid] = sent
+        return sent
+
+    def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
         """The model client ``pid`` trains from: the global model."""
         return arrays
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
-        states = [numpy_state(u.content["arrays"]) for u in updates]
-        avg = weighted_average(states, [float(u.num_examples) for u in updates])
-        return to_record(avg), {}
+        states = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
+        weights = {u.pid: float(u.num_examples) for u in updates}
+        if not self.robust.active():
+            avg = weighted_average(
+                [states[u.pid] for u in updates], [weights[u.pid] for u in updates]
+            )
+            return to_record(avg), {}
+        kept, metrics = self.robust.screen(states, self.started_from)
+        if not kept:  # every update dropped: the global model stays
+            return self.started_from[updates[0].pid], metrics
+        avg, more = self.robust.combine(kept, weights)
+        return to_record(avg), {**metrics, **more}
 
     def state(self) -> dict[str, Any]:
         """Nothing outlives a round (AverageWithServer's start models are set each round)."""
@@ -473,18 +594,10 @@ class AverageWithServer(FedAvg):
     """
 
     def __init__(self, server: ServerSide, server_weight: float = 1.0):
+        super().__init__(server)
         self.server = server
         self.server_weight = server_weight
         self.diversity_keys = classifier_keys(server.model)  # eq. 8: the classifier's
-        self.started_from: dict[int, ArrayRecord] = {}
-
-    def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
-        sent = self.model_for(server_round, pid, arrays)
-        self.started_from[pid] = sent
-        return sent
-
-    def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
-        return arrays
 
     def joining(self) -> dict[str, np.ndarray]:
         """w_s, the model that joins the users' average: the server's."""
@@ -494,13 +607,19 @@ class AverageWithServer(FedAvg):
         server = self.joining()
         users = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
         metrics = {"weight_diversity": self.diversity(users)}
+        if self.robust.active():
+            users, screened = self.robust.screen(users, self.started_from)
+            metrics.update(screened)
         state, more = self.combine(server_round, server, users)
         return to_record(state), {**metrics, **more}
 
     def combine(
         self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
     ) -> tuple[dict[str, np.ndarray], Metrics]:
-        """The new w_avg (eq. 4-5, users sorted by partition id)."""
+        """The new w_avg (eq. 4-5, users sorted by partition id; ``aggregate.rule`` in place
+        of the users' mean)."""
+        if self.robust.active():
+            return self.robust.with_server(server, users, self.server_weight)
         users_sorted = [users[k] for k in sorted(users)]
         return average_with_server(server, users_sorted, self.server_weight), {}
 
@@ -550,12 +669,31 @@ class GroupedAverage(AverageWithServer):
     ) -> tuple[dict[str, np.ndarray], Metrics]:
         seed = derive_seed(self.server.settings.seed, "groups", server_round)
         groups = assign_groups(sorted(users), self.num_groups, np.random.default_rng(seed))
-        per_group, overall = group_average(server, users, groups, self.server_weight)
+        metrics: Metrics = {"groups": groups}
+        if self.robust.active():
+            per_group, overall, robust = self.robust_groups(server, users, groups)
+            metrics.update(robust)
+        else:
+            per_group, overall = group_average(server, users, groups, self.server_weight)
         self.group_models = {}
         for group, state in zip(groups, per_group):
             record = to_record(state)
             self.group_models.update({pid: record for pid in group})
-        return overall, {"groups": groups}
+        return overall, metrics
+
+    def robust_groups(
+        self, server: dict[str, np.ndarray], users: dict[int, dict], groups: list[list[int]]
+    ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray], Metrics]:
+        """Eq. 7 with ``aggregate.rule`` in place of each group's users' mean; Krum's picks
+        of every group together."""
+        per_group, chosen = [], []
+        for group in groups:
+            own = {pid: users[pid] for pid in group}
+            state, metrics = self.robust.with_server(server, own, self.server_weight)
+            per_group.append(state)
+            chosen += metrics.get("krum_selected", [])
+        overall = weighted_average(per_group, [1.0] * len(per_group))
+        return per_group, overall, ({"krum_selected": sorted(chosen)} if chosen else {})
 
 
 # ----- Payload codecs ------------------------------------------------------------------
@@ -658,7 +796,9 @@ class Parts:
     def standard(cls, server: ServerSide, payloads: Iterable[Payload] = ()) -> Parts:
         """FedAvg clients, the server trains their aggregate, test accuracy, dense models
         with the method's extra payload records."""
-        return cls(SupervisedTrainer(server), FedAvg(), TestAccuracy(server), DenseCodec(payloads))
+        return cls(
+            SupervisedTrainer(server), FedAvg(server), TestAccuracy(server), DenseCodec(payloads)
+        )
 
     def stateful(self) -> dict[str, Any]:
         """The parts that keep state across rounds (those with ``state``/``restore``), by

@@ -17,6 +17,8 @@ SERVER_SCHEDULE: dict[str, Any] = {"server": {"bootstrap_epochs": 20, "epochs": 
 class ServerSL(ServerHalf):
     """No client takes part; each round is E_s epochs on the server's labeled data."""
 
+    averages_models = False  # no clients
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return SERVER_SCHEDULE

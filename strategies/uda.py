@@ -42,4 +42,4 @@ class FedAvgUDA(ServerHalf):
 
     @classmethod
     def parts(cls, server: ServerSide) -> Parts:
-        return Parts(TSATrainer(server), FedAvg(), TestAccuracy(server), DenseCodec())
+        return Parts(TSATrainer(server), FedAvg(server), TestAccuracy(server), DenseCodec())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -109,3 +109,90 @@ def weight_diversity(updates: Sequence[np.ndarray]) -> float:
     if together == 0.0:
         return 0.0 if spread == 0.0 else float("inf")
     return spread / together
+
+
+# ----- Robust rules (the averaging step's options, aggregate.*) --------------------------
+def coordinatewise(
+    states: Sequence[State], reduce: Callable[[np.ndarray], np.ndarray]
+) -> dict[str, np.ndarray]:
+    """``reduce`` over the stacked floating arrays (float64, axis 0; cast back); integer
+    buffers take the maximum, as in :func:`weighted_average`."""
+    if not states:
+        raise ValueError("a robust rule needs at least one update")
+    out: dict[str, np.ndarray] = {}
+    for key, first in states[0].items():
+        stacked = np.stack([np.asarray(s[key]) for s in states])
+        if np.issubdtype(first.dtype, np.floating):
+            out[key] = np.asarray(reduce(stacked.astype(np.float64))).astype(first.dtype)
+        else:
+            out[key] = np.asarray(np.max(stacked, axis=0))
+    return out
+
+
+def coordinate_median(states: Sequence[State]) -> dict[str, np.ndarray]:
+    """Coordinate-wise median of the models (Yin et al. 2018, Byzantine-robust distributed
+    learning, median); an even count takes the mean of the two middle values."""
+    return coordinatewise(states, lambda x: np.median(x, axis=0))
+
+
+def trimmed_mean(states: Sequence[State], beta: float) -> dict[str, np.ndarray]:
+    """Coordinate-wise beta-trimmed mean (Yin et al. 2018): per coordinate, drop the
+    floor(beta n) largest and smallest values and average the rest (at least one stays)."""
+    if not 0 <= beta < 0.5:
+        raise ValueError("beta must be in [0, 0.5)")
+    n = len(states)
+    cut = min(int(np.floor(beta * n)), (n - 1) // 2)
+    return coordinatewise(states, lambda x: np.sort(x, axis=0)[cut : n - cut].mean(axis=0))
+
+
+def flat_vector(state: State) -> np.ndarray:
+    """The floating arrays of a state, in key order, as one float64 vector."""
+    parts = [
+        np.asarray(v, dtype=np.float64).ravel()
+        for v in state.values()
+        if np.issubdtype(np.asarray(v).dtype, np.floating)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def krum_scores(states: Sequence[State], f: int) -> np.ndarray:
+    """Krum's score of each model (Blanchard et al. 2017): the sum of its squared distances
+    to its n - f - 2 nearest other models (at least 1, at most n - 1)."""
+    vectors = np.stack([flat_vector(s) for s in states])
+    n = len(vectors)
+    if n == 1:
+        return np.zeros(1)
+    dist = np.array([[float(((a - b) ** 2).sum()) for b in vectors] for a in vectors])
+    neighbours = min(max(n - f - 2, 1), n - 1)
+    return np.array([np.sort(np.delete(dist[i], i))[:neighbours].sum() for i in range(n)])
+
+
+def krum_select(states: Sequence[State], f: int, m: int = 1) -> list[int]:
+    """The indices of the m models with the lowest Krum scores, best first (ties: the
+    lower index); m = 1 is Krum, m > 1 multi-Krum (Blanchard et al. 2017)."""
+    if not 1 <= m <= len(states):
+        raise ValueError("m must be in [1, the number of models]")
+    order = np.argsort(krum_scores(states, f), kind="stable")
+    return [int(i) for i in order[:m]]
+
+
+def update_norm(model: State, start: State) -> float:
+    """L2 norm of the update ``model - start`` over the floating arrays."""
+    return float(np.linalg.norm(flat_vector(model) - flat_vector(start)))
+
+
+def clip_update(model: State, start: State, bound: float) -> dict[str, np.ndarray]:
+    """``start`` plus the update scaled to norm at most ``bound`` (norm bounding, Sun et al.
+    2019, Can you really backdoor federated learning?); integer buffers are kept."""
+    norm = update_norm(model, start)
+    if norm <= bound:
+        return dict(model)
+    scale = bound / norm
+    out: dict[str, np.ndarray] = {}
+    for key, value in model.items():
+        if np.issubdtype(value.dtype, np.floating):
+            delta = np.asarray(value, np.float64) - np.asarray(start[key], np.float64)
+            out[key] = (np.asarray(start[key], np.float64) + scale * delta).astype(value.dtype)
+        else:
+            out[key] = value
+    return out

@@ -118,6 +118,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def _check_type(key: str, value: Any, default: Any) -> Any:
     """Return ``value`` coerced to the type of ``default`` or raise ConfigError."""
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, tuple):
+        return _check_int_list(key, value)
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, int):
@@ -132,6 +134,14 @@ def _check_type(key: str, value: Any, default: Any) -> Any:
         kind = type(default).__name__
         raise ConfigError(f"config key '{key}': expected {kind}, got {value!r}")
     return value
+
+
+def _check_int_list(key: str, value: Any) -> tuple[int, ...]:
+    """A list of integers (YAML ``[0, 1]``) as a tuple, or a one-line ConfigError."""
+    items = value if isinstance(value, (list, tuple)) else None
+    if items is None or any(isinstance(v, bool) or not isinstance(v, int) for v in items):
+        raise ConfigError(f"config key '{key}': expected a list of integers, got {value!r}")
+    return tuple(items)
 
 
 def _validate(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -201,6 +211,7 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
                 f"config key '{key}': must be <= split.num_clients "
                 f"({cfg['split']['num_clients']}), got {_get(cfg, key)}"
             )
+    _check_attack(cfg["federation"]["attack"], cfg["split"]["num_clients"])
     share = cfg["simulation"]["num_gpus"]
     if -1 < share < 0:
         raise ConfigError(
@@ -220,6 +231,15 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
     _check_scenario(cfg["split"])
     for half in ("server", "client"):
         _check_round_length(half, cfg[half], cfg["lr_schedule"]["name"])
+    if cfg["server"]["optimizer"] != "sgd":
+        raise ConfigError("config key 'server.optimizer': the server trains with sgd only")
+    if cfg["client"]["optimizer"] != "sgd" and (
+        cfg["client"]["keep_momentum"] or cfg["client"]["nesterov"]
+    ):
+        raise ConfigError(
+            "config key 'client.optimizer': keep_momentum and nesterov belong to sgd; "
+            "set them to false with adam"
+        )
     for half in ("server", "client"):
         if cfg[half]["nesterov"] and cfg[half]["momentum"] <= 0:
             raise ConfigError(
@@ -230,6 +250,22 @@ def _check_ranges(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"config key 'lr_schedule.warmup_epochs': must be < lr_schedule.epochs "
             f"({sched['epochs']}), got {sched['warmup_epochs']}"
+        )
+
+
+def _check_attack(attack: Mapping[str, Any], num_clients: int) -> None:
+    """Attacking partitions exist in the split and are named once; an attack has attackers."""
+    partitions = attack["partitions"]
+    wrong = [pid for pid in partitions if not 0 <= pid < num_clients]
+    if wrong or len(set(partitions)) != len(partitions):
+        raise ConfigError(
+            f"config key 'federation.attack.partitions': partition ids in [0, {num_clients}) "
+            f"(split.num_clients), each once; got {list(partitions)}"
+        )
+    if attack["kind"] != "none" and not partitions and attack["fraction"] == 0:
+        raise ConfigError(
+            f"config key 'federation.attack.kind': {attack['kind']!r} needs attackers: set "
+            "federation.attack.partitions or federation.attack.fraction"
         )
 
 

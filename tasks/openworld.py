@@ -185,13 +185,14 @@ def entropy_of_mean(probs: Tensor) -> Tensor:
 
 
 def suppressed_loss(probs: Tensor, counts: Tensor, tau: float) -> Tensor:
-    """R_i of eq. 5-6: mean_j |rho(n^c) (1 - max_c p(x_j))|, rho(n^c) = -tau^(1 - n^c/n_max)
-    for c = argmax p(x_j); ``counts`` holds n^c, the samples predicted as each class (the
-    official code: argmax counts of the previous epoch)."""
+    """R_i of eq. 5-6 at the official code's scale: mean_j |rho(n^c) (1 - max_c p(x_j))| / C,
+    rho(n^c) = -tau^(1 - n^c/n_max) for c = argmax p(x_j); ``counts`` holds n^c, the samples
+    predicted as each class. The code's L1 loss between p(x_j) and p(x_j) with its top entry
+    set to 1 averages over the C classes, hence the 1 / C."""
     conf, cls = probs.max(dim=1)
     share = counts.to(probs.dtype) / counts.max().clamp_min(1)
     rho = -torch.pow(torch.as_tensor(tau, dtype=probs.dtype), 1.0 - share[cls])
-    return (rho * (1.0 - conf)).abs().mean()
+    return (rho * (1.0 - conf)).abs().mean() / probs.shape[1]
 
 
 def centroid_assignment(z: Tensor, centroids: Tensor, temperature: float) -> Tensor:
@@ -215,8 +216,24 @@ def cluster_loss(q: Tensor, q_other_view: Tensor, pair: Tensor) -> Tensor:
     return -(q * torch.log(q_other_view[pair].clamp_min(EPS))).sum(dim=1).mean()
 
 
+def role_agreement(q: Tensor, logits: Tensor, true_y: Tensor, roles: str) -> dict[str, float]:
+    """How often argmax q (L_ce's target, eq. 8) equals the classifier's argmax, per class
+    role of the samples' hidden labels: q_agree_seen, q_agree_lu, q_agree_gu (``roles``: one
+    letter S, L or G per class; a role no sample has is left out)."""
+    same = q.argmax(1) == logits.argmax(1)
+    letters = ("S", "L", "G")
+    codes = torch.tensor([letters.index(r) for r in roles], device=true_y.device)[true_y]
+    out = {}
+    for code, name in enumerate(("seen", "lu", "gu")):
+        mine = codes.to(same.device) == code
+        if mine.any():
+            out[f"q_agree_{name}"] = same[mine].float().mean().item()
+    return out
+
+
 def calibration_loss(
     logits: Tensor,
+    q_unlabeled: Tensor,
     q: Tensor,
     q_other_view: Tensor,
     pair: Tensor,
@@ -225,8 +242,10 @@ def calibration_loss(
     cluster_weight: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Eq. 7: L_cal = L_ce + L_cluster (each weighted: the ablations of Table 3 set one to
-    0); returns (L_cal, L_ce, L_cluster)."""
-    l_ce = calibration_ce(logits, q, threshold)
+    0); L_ce on the unlabeled samples' ``logits`` and ``q_unlabeled``, L_cluster on the rows
+    of ``q`` with their partners ``pair`` in ``q_other_view``; returns (L_cal, L_ce,
+    L_cluster)."""
+    l_ce = calibration_ce(logits, q_unlabeled, threshold)
     l_cluster = cluster_loss(q, q_other_view, pair)
     return ce_weight * l_ce + cluster_weight * l_cluster, l_ce, l_cluster
 

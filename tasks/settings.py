@@ -265,6 +265,14 @@ class OptimizerSettings:
         "keep the SGD momentum across rounds (SSFL benchmark's code; a client keeps it in "
         "its node's `context.state`)",
     )
+    optimizer: str = setting(
+        "sgd",
+        "`sgd` (with `momentum`, `nesterov`, `weight_decay`) or `adam` (betas 0.9, 0.999; "
+        "`weight_decay` as L2; FedSup Table 6.6's learning-rate sweep reads like Adam's); "
+        "clients only",
+        choices=("sgd", "adam"),
+        ref="FedSup Table 6.6",
+    )
 
 
 @dataclass(frozen=True)
@@ -296,9 +304,11 @@ class ClientSettings(OptimizerSettings):
 class LrScheduleSettings:
     name: str = setting(
         "exponential",
-        "`exponential` (lr x lr_decay^(round - 1)) or `cosine` (SSFL eq. 9, per SGD step)",
-        choices=("exponential", "cosine"),
-        ref="SSFL benchmark eq. 9",
+        "`exponential` (lr x lr_decay^(round - 1)), `cosine` (SSFL eq. 9, per SGD step) or "
+        "`multistep` (lr x gamma^k, k the milestones the round has passed: the FedoSSL "
+        "official code's MultiStepLR)",
+        choices=("exponential", "cosine", "multistep"),
+        ref="SSFL benchmark eq. 9; FedoSSL official code",
     )
     epochs: float = setting(
         0.0,
@@ -317,6 +327,44 @@ class LrScheduleSettings:
     )
     cycles: float = setting(0.4375, "cosine: c of eq. 9", rule=NON_NEGATIVE)
     floor: float = setting(0.0001, "cosine: epsilon of eq. 9", rule=UNIT)
+    first_milestone: float = setting(
+        0.7,
+        "multistep: the first decay, from the round after this fraction of the run's rounds "
+        "(FedoSSL code: epoch 140 of 200)",
+        rule=UNIT,
+    )
+    second_milestone: float = setting(
+        0.9, "multistep: the second decay (FedoSSL code: epoch 180 of 200)", rule=UNIT
+    )
+    gamma: float = setting(0.1, "multistep: the factor at each milestone (code: 0.1)", rule=UNIT)
+
+
+@dataclass(frozen=True)
+class AttackSettings:
+    """Simulated malicious clients (for tests and research): what the chosen clients do to
+    the update they send, or to the pseudo-labels they train on."""
+
+    kind: str = setting(
+        "none",
+        "`none`; `scale` (the update, client model minus the model it received, times "
+        "`factor`), `sign_flip` (the update times -`factor`), `noise` (plus Gaussian noise of "
+        "`factor` times the update's RMS), `nan` (every float sent is NaN), `label_flip` "
+        "(pseudo-labels c -> C - 1 - c; clients that make pseudo-labels only)",
+        choices=("none", "scale", "sign_flip", "noise", "label_flip", "nan"),
+        ref="Bagdasaryan et al. 2020 (scaling); Fang et al. 2020 (label flipping)",
+    )
+    partitions: tuple[int, ...] = setting(
+        (), "partition ids that attack in every round they are sampled, e.g. `[0, 1]`"
+    )
+    fraction: float = setting(
+        0.0,
+        "also this fraction of each round's sampled clients attacks (the count rounded half "
+        "up; drawn from the seed and the round)",
+        rule=UNIT,
+    )
+    factor: float = setting(
+        100.0, "strength of `scale`, `sign_flip` and `noise`", rule=NON_NEGATIVE
+    )
 
 
 @dataclass(frozen=True)
@@ -352,6 +400,57 @@ class FederationSettings:
         "`checkpoint.pt` (the global model a round sent on, for `benchmarks/calibration.py` "
         "and `local_drift.py --checkpoint`); changes no number",
         rule=between(0, MAX_ROUNDS),
+    )
+    attack: AttackSettings = field(default_factory=AttackSettings)
+
+
+@dataclass(frozen=True)
+class AggregateSettings:
+    """How a model-averaging method combines the clients' models (robust options)."""
+
+    rule: str = setting(
+        "mean",
+        "`mean` (FedAvg, example-weighted), coordinate-wise `median` or `trimmed_mean`, `krum` "
+        "(the one update closest to its neighbours), `multi_krum` (the mean of the `krum_m` "
+        "best by Krum's score)",
+        choices=("mean", "median", "trimmed_mean", "krum", "multi_krum"),
+        ref="Yin et al. 2018 (median, trimmed mean); Blanchard et al. 2017 (Krum, multi-Krum)",
+    )
+    trim_fraction: float = setting(
+        0.2,
+        "`trimmed_mean`: the fraction beta cut from each end of every coordinate",
+        rule=between(0, 0.5, high_open=True),
+        ref="Yin et al. 2018",
+    )
+    krum_f: int = setting(
+        2,
+        "`krum`, `multi_krum`: f, the attackers assumed; a score sums the squared distances "
+        "to the n - f - 2 nearest other updates (at least 1)",
+        rule=between(0, MAX_CLIENTS),
+        ref="Blanchard et al. 2017",
+    )
+    krum_m: int = setting(
+        0,
+        "`multi_krum`: m, the updates averaged; 0 = n - f (ours)",
+        rule=between(0, MAX_CLIENTS),
+        ref="Blanchard et al. 2017",
+    )
+    clip_norm: float = setting(
+        0.0,
+        "bound on each update's L2 norm (update = client model minus the model it received; "
+        "a longer one is scaled down to it); 0 = off",
+        rule=NON_NEGATIVE,
+        ref="Sun et al. 2019 (norm bounding)",
+    )
+    validate_on_server: bool = setting(
+        False,
+        "score each client model on the server's labeled validation set and drop those whose "
+        "accuracy is more than `validation_margin` below the model it received (ours)",
+    )
+    validation_margin: float = setting(
+        0.05,
+        "`validate_on_server`: the validation accuracy an update may lose and still count",
+        rule=UNIT,
     )
 
 
@@ -494,6 +593,7 @@ class Settings:
     client: ClientSettings = field(default_factory=ClientSettings)
     lr_schedule: LrScheduleSettings = field(default_factory=LrScheduleSettings)
     federation: FederationSettings = field(default_factory=FederationSettings)
+    aggregate: AggregateSettings = field(default_factory=AggregateSettings)
     simulation: SimulationSettings = field(default_factory=SimulationSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
     augment: AugmentSettings = field(default_factory=AugmentSettings)
@@ -564,6 +664,8 @@ def typed(
             kwargs[f.name] = typed(own, values.get(f.name, {}))
         elif section is not None:
             kwargs[f.name] = typed(section, values[f.name])
+        elif isinstance(f.default, tuple):
+            kwargs[f.name] = tuple(values[f.name])  # a JSON round trip gives a list
         else:
             kwargs[f.name] = values[f.name]
     return cls(**kwargs)

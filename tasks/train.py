@@ -152,13 +152,17 @@ def scheduled_lr(
 ) -> float:
     """Learning rate of step ``step`` of round ``rnd`` for one half (``server`` or ``client``).
 
-    ``exponential``: lr * lr_decay^(rnd - 1), constant within a round. ``cosine``: eq. 9
+    ``exponential``: lr * lr_decay^(rnd - 1), constant within a round. ``multistep``: see
+    :func:`multistep_lr`. ``cosine``: eq. 9
     over the global step t = (rnd - 1) * round_steps + step, one epoch being
     ``epoch_samples`` / batch_size steps (M / B); ``epochs`` 0 = the whole run.
     Round 0 (the server's bootstrap) runs at the base rate.
     """
     if schedule.name == "exponential" or rnd < 1:
         return half.lr * half.lr_decay ** max(rnd - 1, 0)
+    if schedule.name == "multistep":
+        milestones = (schedule.first_milestone, schedule.second_milestone)
+        return multistep_lr(half.lr, rnd, rounds, milestones, schedule.gamma)
     epoch_steps = schedule.epoch_samples / half.batch_size
     total = schedule.epochs * epoch_steps or rounds * round_steps
     return cosine_warmup_lr(
@@ -169,6 +173,16 @@ def scheduled_lr(
         schedule.cycles,
         schedule.floor,
     )
+
+
+def multistep_lr(
+    lr: float, rnd: int, rounds: int, milestones: tuple[float, ...], gamma: float
+) -> float:
+    """lr x gamma^k for round ``rnd``, k the milestones m with rnd - 1 >= m x rounds: the
+    FedoSSL official code's MultiStepLR (milestones 140 and 180 of 5 x 40 local epochs,
+    gamma 0.1), with the round as the unit."""
+    passed = sum(rnd - 1 >= m * rounds for m in milestones)
+    return lr * gamma**passed
 
 
 def minibatches(

@@ -47,6 +47,11 @@ def data_dir() -> Path:
 @pytest.fixture
 def synthetic_raw() -> dict:
     """A small labels-at-server experiment on the synthetic 28x28 dataset."""
+    return synthetic_experiment()
+
+
+def synthetic_experiment() -> dict:
+    """The raw mapping behind the ``synthetic_raw`` fixture (a new one each call)."""
     return {
         "method": "fedavg_fixmatch",
         "rounds": 2,

@@ -5,6 +5,7 @@ import torch
 from kornia import augmentation as K
 
 from tasks.augment import (
+    OfficialRandAugment,
     RandAugment,
     StrongAugment,
     WeakAugment,
@@ -142,13 +143,18 @@ def test_a_client_round_draws_its_strong_views_in_grouped_calls(method, monkeypa
     raw["split"]["client_size"] = 96
     raw["client"] = {"batch_size": 16, **({"local_steps": 6} if method in STEP_METHODS else {})}
     calls: list[int] = []
-    forward = RandAugment.forward
 
-    def counted(self, x):
-        calls.append(len(x))
-        return forward(self, x)
+    def counting(view: type) -> None:
+        forward = view.forward
 
-    monkeypatch.setattr(RandAugment, "forward", counted)
+        def counted(self, x):
+            calls.append(len(x))
+            return forward(self, x)
+
+        monkeypatch.setattr(view, "forward", counted)
+
+    counting(RandAugment)
+    counting(OfficialRandAugment)  # FedMatch's default view
     run_method(raw, InProcessGrid(3))
     views = 2 if method.startswith("fedavg_s") or method == "fedavg_byol" else 1
     assert calls and len(calls) <= 3 * views

@@ -43,6 +43,16 @@ def test_algo_keys_are_per_method():
         ({"method": "fedseal", "algo": {"tau_max": -0.1}}, r"'algo.tau_max'"),
         ({"method": "fedseal", "algo": {"lambda_ramp_rounds": -1}}, r"lambda_ramp_rounds"),
         ({"method": "fedmatch", "server": {"local_steps": 4}}, r"'server.local_steps'"),
+        ({"server": {"optimizer": "adam"}}, r"'server.optimizer': the server trains with sgd"),
+        ({"method": "fedmatch", "client": {"optimizer": "adam"}}, r"'client.optimizer'.*fedmatch"),
+        (
+            {"method": "fedsup", "client": {"optimizer": "adam", "keep_momentum": True}},
+            r"'client.optimizer': keep_momentum and nesterov belong to sgd",
+        ),
+        (
+            {"method": "fedossl", "lr_schedule": {"name": "stepwise"}},
+            r"'lr_schedule.name'.*multistep",
+        ),
     ],
 )
 def test_bad_values_are_one_line_errors(raw, pattern):

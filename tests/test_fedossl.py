@@ -31,8 +31,8 @@ BASE = {
     "federation": {"clients_per_round": 3},
     "client": {"batch_size": 64, "lr": 0.05},
     "algo": {
-        "cluster_from_round": 1,
-        "ce_from_round": 1,
+        "cluster_from_epoch": 0,
+        "ce_from_epoch": 0,
         "calibration_threshold": 0.2,
         "local_centroids": 8,
         "server_cluster_steps": 20,
@@ -62,6 +62,8 @@ def test_fedossl_rounds_carry_the_open_world_metrics_and_their_best_so_far():
         assert rows[-1][f"best_{key}"] == max(r[key] for r in rows)
     assert rows[-1]["local_centroids"] == 3 * 8  # every sampled client's centroids clustered
     assert all(r["cluster_loss"] > 0 for r in rows)  # calibration from round 1 here
+    for name in ("seen", "lu", "gu"):  # the diagnostic, once centroids exist (round 2)
+        assert 0.0 <= rows[-1][f"q_agree_{name}"] <= 1.0
     m = strategy.parts.codec.centroids.m
     assert m.shape == (10, 128)
     np.testing.assert_allclose(m.norm(dim=1).numpy(), 1.0, rtol=1e-5)
@@ -75,6 +77,17 @@ def test_centroids_travel_only_with_the_calibration_module_and_are_counted():
     assert 10 * 128 * 4 <= per_client_down < 10 * 128 * 4 + 500  # m, one npy header
     assert (8 + 6) * 128 * 4 + 24 <= per_client_up < (8 + 6) * 128 * 4 + 24 + 1500
     assert "local_centroids" not in without[0] and without[0]["cluster_loss"] == 0.0
+
+
+@pytest.mark.slow
+def test_calibration_starts_on_the_clock_of_local_epochs():
+    # E = 1: one epoch precedes round 2, two precede round 3.
+    rows, _ = run(
+        rounds=3, client={"epochs": 1}, algo={"cluster_from_epoch": 1, "ce_from_epoch": 2}
+    )
+    assert rows[0]["cluster_loss"] == 0.0 and rows[1]["cluster_loss"] > 0.0
+    assert rows[1]["ce_loss"] == 0.0
+    assert "q_agree_seen" in rows[0]  # the diagnostic reads m from round 1 on
 
 
 @pytest.mark.slow

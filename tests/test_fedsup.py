@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ssfl.experiment import resolve_config
 from strategies.parts import numpy_state
 from tasks.config import deep_merge
 from tasks.models import classifier_keys
@@ -81,9 +82,15 @@ def test_without_feature_maps_the_mse_term_is_zero_and_without_consistency_only_
         assert row["mse_loss"] > 0
 
 
-def test_the_mse_weight_decays_as_lambda_s_to_the_round_over_the_rounds():
-    rows = run(algo={"lambda_s": 1e-2})
+def test_the_mse_weight_decays_as_lambda_s_to_the_round_over_the_horizon():
+    rows = run(algo={"lambda_s": 1e-2, "mse_horizon": 0})  # T = the run's 2 rounds
     assert [r["mse_weight"] for r in rows] == pytest.approx([1e-1, 1e-2])
+    rows = run(algo={"lambda_s": 1e-2, "mse_horizon": 4})  # T = 4: 1e-2^(1/4), 1e-2^(2/4)
+    assert [r["mse_weight"] for r in rows] == pytest.approx([10**-0.5, 1e-1])
+
+
+def test_the_mse_horizon_is_the_papers_100_rounds_by_default():
+    assert resolve_config({"method": "fedsup"})["algo"]["mse_horizon"] == 100
 
 
 @pytest.mark.parametrize(

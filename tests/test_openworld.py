@@ -33,6 +33,7 @@ from tasks.openworld import (
     open_world_pseudo_labels,
     pair_indices,
     pairwise_loss,
+    role_agreement,
     sinkhorn,
     spherical_kmeans,
     suppressed_loss,
@@ -198,8 +199,14 @@ def test_entropy_of_mean_is_log_c_for_a_uniform_mean():
 def test_suppressed_loss_weights_uncertainty_by_tau_to_the_class_share():
     p = torch.tensor([[0.6, 0.4], [0.3, 0.7]])
     counts = torch.tensor([10, 5])  # class 0 the largest: rho = -1; class 1: -0.2^0.5
-    expected = (1.0 * 0.4 + 0.2**0.5 * 0.3) / 2
+    # The code's L1 loss: |p - p with its top entry set to 1| averaged over the 2 classes.
+    expected = (1.0 * 0.4 + 0.2**0.5 * 0.3) / 2 / 2
     assert suppressed_loss(p, counts, 0.2).item() == pytest.approx(expected, rel=1e-6)
+    target = p.clone()
+    target[torch.arange(2), p.argmax(1)] = 1.0
+    rho = torch.tensor([1.0, 0.2**0.5])
+    code = (torch.nn.functional.l1_loss(p, target, reduction="none").mean(1) * rho).mean()
+    assert suppressed_loss(p, counts, 0.2).item() == pytest.approx(code.item(), rel=1e-6)
 
 
 def test_calibration_loss_is_ce_on_confident_assignments_plus_cluster_cross_entropy():
@@ -207,14 +214,39 @@ def test_calibration_loss_is_ce_on_confident_assignments_plus_cluster_cross_entr
     q = torch.tensor([[0.99, 0.01], [0.6, 0.4]])  # only row 0 passes 0.95
     q2 = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
     pair = torch.tensor([1, 0])
-    total, l_ce, l_cluster = calibration_loss(logits, q, q2, pair, threshold=0.95)
+    total, l_ce, l_cluster = calibration_loss(logits, q, q, q2, pair, threshold=0.95)
     assert l_ce.item() == pytest.approx(-math.log(math.exp(2) / (math.exp(2) + 1)), rel=1e-6)
     row0 = 0.99 * math.log(0.9) + 0.01 * math.log(0.1)  # q of 0, q2 of its partner 1
     expected = -(row0 + math.log(0.5)) / 2
     assert l_cluster.item() == pytest.approx(expected, rel=1e-6)
-    no_ce, _, _ = calibration_loss(logits, q, q2, pair, threshold=0.95, ce_weight=0.0)
+    no_ce, _, _ = calibration_loss(logits, q, q, q2, pair, threshold=0.95, ce_weight=0.0)
     assert total.item() == pytest.approx(l_ce.item() + l_cluster.item(), rel=1e-6)
     assert no_ce.item() == pytest.approx(l_cluster.item(), rel=1e-6)
+
+
+def test_calibration_ce_reads_the_unlabeled_rows_and_cluster_every_row():
+    # Row 0 labeled, rows 1-2 unlabeled: L_ce sees rows 1-2 only; L_cluster all three.
+    q = torch.tensor([[0.99, 0.01], [0.2, 0.8], [0.97, 0.03]])
+    q2 = torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.7, 0.3]])
+    logits = torch.tensor([[0.0, 3.0], [1.0, 0.0]])  # the unlabeled rows' logits
+    pair = torch.tensor([0, 2, 1])
+    _, l_ce, l_cluster = calibration_loss(logits, q[1:], q, q2, pair, threshold=0.95)
+    assert l_ce.item() == pytest.approx(-math.log(math.e / (math.e + 1)), rel=1e-6)  # row 2
+    rows = [q[j] @ torch.log(q2[pair[j]]) for j in range(3)]
+    assert l_cluster.item() == pytest.approx(-float(sum(rows)) / 3, rel=1e-6)
+
+
+def test_role_agreement_counts_matching_argmaxes_per_class_role():
+    roles = "SSLG"
+    true_y = torch.tensor([0, 1, 1, 2, 2])  # seen, seen, seen, LU, LU; no GU sample
+    q = torch.tensor(
+        [[0.9, 0.1, 0, 0], [0.8, 0.2, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 1.0]]
+    )
+    logits = torch.tensor(
+        [[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 2.0, 0, 0], [0, 0, 0, 2.0], [0, 0, 0, 2.0]]
+    )
+    out = role_agreement(q, logits, true_y, roles)
+    assert out == pytest.approx({"q_agree_seen": 2 / 3, "q_agree_lu": 0.5})
 
 
 # ----- NACH (Fed-AN / Fed-RN) and SemiFL* ------------------------------------------------

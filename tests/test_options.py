@@ -68,8 +68,8 @@ SETTING: dict[str, dict[str, Any]] = {
         },
         "server": {"bootstrap_epochs": 0, "epochs": 0, "batch_size": 32, "lr": 0.01},
         "algo": {
-            "cluster_from_round": 1,
-            "ce_from_round": 1,
+            "cluster_from_epoch": 0,
+            "ce_from_epoch": 0,
             "calibration_threshold": 0.3,
             "local_centroids": 4,
             "centroid_samples": 16,
@@ -86,7 +86,11 @@ _NACH = {"algo": {"objective": "nach"}}
 _SEMIFL = {"algo": {"objective": "semifl", "beta": 0.0, "gamma": 0.0, "ood_threshold": 0.9}}
 # The SimCLR stage's settings act only when it runs (on TINY's pool, in several batches).
 _PRETRAIN = {"algo": {"pretrain_epochs": 1, "pretrain_batch_size": 64}}
+# R_i's keys act only when R_i is on (FedoSSL's default, as the official code, leaves it off).
+_R_ON = {"algo": {"beta": 1.0}}
 TOGETHER: dict[str | tuple[str, str], dict[str, Any]] = {
+    ("fedossl", "algo.flip_suppressed"): _R_ON,
+    ("fedossl", "algo.tau"): _R_ON,
     ("fedossl", "algo.pretrain_batch_size"): _PRETRAIN,
     ("fedossl", "algo.pretrain_lr"): _PRETRAIN,
     ("fedossl", "algo.pretrain_temperature"): _PRETRAIN,

@@ -150,6 +150,10 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
     assert "| FedSup | 0.8000 | 0.6954 | 0.8000 | 0.6884 |" in text  # finetuning
     assert "| FedSup | 0.7000 | 0.6626 | 0.7000 | 0.6610 |" in text  # linear evaluation
     assert "| FedSup | 50% | 56% | 50% | 58% |" in text  # (0.80 - 0.70) / (0.90 - 0.70)
+    # The paper's view: bounds at their plain test accuracy (fake_results: acc as well), the
+    # rows under linear evaluation (acc - 0.1): (0.70 - 0.70) / 0.20 for FedSup.
+    assert "| gap closed, bounds without the protocol |" in text
+    assert "| FedSup | 0% | 41% | 0% | 45% |" in text  # Table 6.2: (0.6626 - 0.5692) / 0.2258
     with pytest.raises(ConfigError, match="--dataset"):
         reproduce("fedsup-table6", tmp_path, 2, [], dataset="mnist")
 

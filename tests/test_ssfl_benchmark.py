@@ -23,7 +23,7 @@ from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.models import build_model, classifier_keys
 from tasks.partition import get_split, remaining_class_counts
 from tasks.settings import ClientSettings, LrScheduleSettings
-from tasks.train import cosine_warmup_lr, scheduled_lr, step_batches
+from tasks.train import cosine_warmup_lr, multistep_lr, scheduled_lr, step_batches
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid, build_strategy, run_method
 
@@ -130,6 +130,23 @@ def test_scheduled_lr_counts_global_steps():
     sched = dataclasses.replace(sched, epochs=2.0)
     assert scheduled_lr(half, sched, 1000, 65, 0, 16) == pytest.approx(0.0, abs=1e-12)
     assert scheduled_lr(half, sched, 1000, 0, 3, 16) == 0.1  # round 0: the bootstrap
+
+
+def test_multistep_lr_drops_tenfold_at_70_and_90_percent_of_the_rounds():
+    # 40 rounds as the FedoSSL code (200 epochs, milestones 140 and 180 at E = 5): rounds
+    # 1-28 at lr, 29-36 at lr / 10, 37-40 at lr / 100.
+    half = ClientSettings(lr=0.1, batch_size=64)
+    sched = LrScheduleSettings(name="multistep")
+    rates = [scheduled_lr(half, sched, 40, r, 0, 16) for r in range(1, 41)]
+    assert rates[:28] == [0.1] * 28
+    assert rates[28:36] == pytest.approx([0.01] * 8)
+    assert rates[36:] == pytest.approx([0.001] * 4)
+    assert scheduled_lr(half, sched, 40, 29, 15, 16) == pytest.approx(0.01)  # per round
+    # Milestones 2 and 4 of 10 rounds: the drop comes once that many rounds are done.
+    assert multistep_lr(1.0, 2, 10, (0.2, 0.4), 0.5) == 1.0
+    assert multistep_lr(1.0, 3, 10, (0.2, 0.4), 0.5) == 0.5
+    assert multistep_lr(1.0, 4, 10, (0.2, 0.4), 0.5) == 0.5
+    assert multistep_lr(1.0, 5, 10, (0.2, 0.4), 0.5) == 0.25
 
 
 def test_step_batches_count_steps_not_epochs():
