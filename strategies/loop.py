@@ -110,6 +110,7 @@ class RoundLoop(Strategy):
         self.parts = parts
         self.on_round = on_round
         self.nodes: dict[int, int] = {}
+        self.node_partitions: dict[int, int] = {}
         self.own_data: set[int] = set()  # partitions whose node trains on its own folder
         self.sampler = random.Random(derive_seed(self.settings.seed, "sampling"))
         self.config_json = json.dumps(mapping(self.settings), sort_keys=True)  # clients get it
@@ -320,7 +321,8 @@ class RoundLoop(Strategy):
         return sorted(self.sampler.sample(available, k))
 
     def partition_of(self, node_id: int) -> int:
-        return next((p for p, n in self.nodes.items() if n == node_id), -1)
+        """The partition a node holds (-1: not one the discovery found), in O(1) per reply."""
+        return self.node_partitions.get(node_id, -1)
 
     def discover(self, grid: Grid, timeout: float) -> dict[int, int]:
         """Ask every node for its partition id (a QUERY round); wait for enough nodes. Nodes
@@ -390,6 +392,7 @@ class RoundLoop(Strategy):
             self.server.load(initial_arrays)
         if self.parts.aggregator is not None:
             self.nodes = self.discover(grid, timeout)
+            self.node_partitions = {node: pid for pid, node in self.nodes.items()}
             log.info("clients: partitions %s", sorted(self.nodes))
         self.timeline["nodes_found"] = time.time()
         if self.first_round == 1:

@@ -48,14 +48,19 @@ class Split:
 
 
 def noniid_r(histograms: np.ndarray) -> float:
-    """Non-IID level R (SSFL benchmark, eq. 1): mean pairwise total-variation distance."""
+    """Non-IID level R (SSFL benchmark, eq. 1): mean pairwise total-variation distance.
+
+    Per class, the sum of |p_a - p_b| over all pairs a < b is that of the sorted column,
+    sum_i p_(i) (2i - K + 1) (0-based i): O(K log K) time and O(K) memory, where the K x K
+    difference array of K = 10,000 clients would take 8 GB."""
     hist = np.asarray(histograms, dtype=np.float64)
     k = hist.shape[0]
     if k < 2:
         return 0.0
-    probs = hist / np.maximum(hist.sum(axis=1, keepdims=True), 1.0)
-    dist = np.abs(probs[:, None, :] - probs[None, :, :]).sum(axis=2) / 2.0
-    return float(dist[np.triu_indices(k, 1)].mean())
+    probs = np.sort(hist / np.maximum(hist.sum(axis=1, keepdims=True), 1.0), axis=0)
+    rank_weights = 2.0 * np.arange(k) - (k - 1)
+    pair_sums = rank_weights @ probs
+    return float(pair_sums.sum() / 2.0 / (k * (k - 1) / 2))
 
 
 def round_counts(weights: np.ndarray, total: int) -> np.ndarray:

@@ -50,6 +50,17 @@ def test_noniid_r_metric_on_hand_made_histograms():
     assert noniid_r(np.array([[4, 0], [2, 2], [0, 4]])) == pytest.approx(2 / 3)
 
 
+def test_noniid_r_equals_every_pair_summed_and_scales_to_many_clients():
+    # The sorted-column sum against the plain mean over all K (K - 1) / 2 pairs.
+    hist = np.random.default_rng(3).integers(0, 20, size=(37, 6))
+    probs = hist / np.maximum(hist.sum(axis=1, keepdims=True), 1)
+    pairs = [np.abs(probs[a] - probs[b]).sum() / 2 for a in range(37) for b in range(a + 1, 37)]
+    assert noniid_r(hist) == pytest.approx(np.mean(pairs), rel=1e-12)
+    # 20,000 clients: the K x K x C difference array would need 32 GB; this is O(K).
+    one_class_each = np.eye(10, dtype=np.int64)[np.arange(20_000) % 10] * 5
+    assert noniid_r(one_class_each) == pytest.approx(1 - 1999 / 19999, rel=1e-12)
+
+
 @pytest.mark.parametrize("target", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
 def test_ssfl_partitioner_hits_target_r(target):
     cfg = split_cfg(partitioner="noniid_r", target_r=target, labeled_per_class=100)
