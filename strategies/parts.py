@@ -490,19 +490,20 @@ class RobustAveraging:
         self, users: dict[int, State], starts: Mapping[int, ArrayRecord]
     ) -> list[int]:
         """The partitions whose model's accuracy on the server's validation set is more than
-        ``validation_margin`` below that of the model they received."""
-        received: dict[int, float] = {}  # by the id of the start record (often shared)
-        dropped = []
-        for pid in sorted(users):
-            start = starts[pid]
-            if id(start) not in received:
-                received[id(start)] = self.validation_accuracy(numpy_state(start))
-            if (
-                self.validation_accuracy(users[pid])
-                < received[id(start)] - self.options.validation_margin
-            ):
-                dropped.append(pid)
-        return dropped
+        ``validation_margin`` below its reference (``validation_reference``)."""
+        scores = {pid: self.validation_accuracy(users[pid]) for pid in sorted(users)}
+        if self.options.validation_reference == "median":
+            middle = float(np.median(list(scores.values()))) if scores else 0.0
+            references = {pid: middle for pid in scores}
+        else:
+            received: dict[int, float] = {}  # by the id of the start record (often shared)
+            for pid in scores:
+                start = starts[pid]
+                if id(start) not in received:
+                    received[id(start)] = self.validation_accuracy(numpy_state(start))
+            references = {pid: received[id(starts[pid])] for pid in scores}
+        margin = self.options.validation_margin
+        return [pid for pid, score in scores.items() if score < references[pid] - margin]
 
     def validation_accuracy(self, state: State) -> float:
         """Accuracy of a model on the server's labeled validation set."""

@@ -452,6 +452,13 @@ class AggregateSettings:
         "`validate_on_server`: the validation accuracy an update may lose and still count",
         rule=UNIT,
     )
+    validation_reference: str = setting(
+        "received",
+        "`validate_on_server`: what a client model's accuracy is held against: `received` (the "
+        "model it was sent) or `median` (the median accuracy of this round's client models, "
+        "which local training lowers alike) (ours)",
+        choices=("received", "median"),
+    )
 
 
 @dataclass(frozen=True)

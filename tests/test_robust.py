@@ -4,6 +4,7 @@ method and refused by the others."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -274,6 +275,27 @@ def test_validation_drops_updates_that_lose_more_than_the_margin(monkeypatch):
         robust, "validation_accuracy", lambda s: scores[int(s["pid"])] if "pid" in s else 0.80
     )
     assert robust.validation_drops(users, {pid: start for pid in users}) == [2, 3]
+
+
+def test_validation_against_the_median_client_keeps_a_round_that_lost_alike(monkeypatch):
+    raw = with_keys(
+        "fedavg_fixmatch",
+        aggregate={"validate_on_server": True, "validation_reference": "median"},
+    )
+    server = build_strategy(raw).server
+    robust = RobustAveraging(server)
+    start = server.arrays()
+    model = {k: v.numpy() for k, v in server.model.state_dict().items()}
+    # Every honest client lost 0.08 against the model it was sent (0.80), an attacker 0.70:
+    # `received` would drop all five; the median (0.72) drops only the attacker.
+    scores = {0: 0.72, 1: 0.73, 2: 0.71, 3: 0.72, 4: 0.10}
+    users = {pid: {**model, "pid": np.asarray(pid)} for pid in scores}
+    monkeypatch.setattr(
+        robust, "validation_accuracy", lambda s: scores[int(s["pid"])] if "pid" in s else 0.80
+    )
+    assert robust.validation_drops(users, {pid: start for pid in users}) == [4]
+    robust.options = dataclasses.replace(robust.options, validation_reference="received")
+    assert robust.validation_drops(users, {pid: start for pid in users}) == [0, 1, 2, 3, 4]
 
 
 # ----- A scaled attacker against mean, median and Krum --------------------------------------
