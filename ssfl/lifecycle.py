@@ -207,16 +207,39 @@ def record_interruption(out: Path) -> Iterator[None]:
 
 
 # ----- The watchdog ---------------------------------------------------------------------
-def tagged_processes(tag: str) -> list[int]:
-    """Pids of processes (other than this one) whose environment holds ``SSFL_RUN_TAG=tag``
-    (Linux's /proc; none elsewhere)."""
+def session_of(pid: int) -> int | None:
+    """The session id of process ``pid`` (field 6 of /proc/PID/stat), or None if it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat.rpartition(b")")[2].split()[3])
+    return None
+
+
+def run_processes(tag: str, sessions: set[int]) -> list[int]:
+    """Pids of the run's processes (other than this one): those whose environment holds
+    ``SSFL_RUN_TAG=tag``, and every process in a session that one of them leads.
+
+    A process may overwrite its environment's memory with a long title (Ray's agents do,
+    with setproctitle), so its tag is no longer readable; it stays in the session of the
+    Ray head that started it. ``sessions`` gathers the sessions led by tagged processes
+    across calls, so a process is still found after its leader ended (Linux's /proc; none
+    elsewhere)."""
     needle = f"{TAG_VAR}={tag}".encode()
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            if int(entry.name) != os.getpid() and needle in (entry / "environ").read_bytes():
-                pids.append(int(entry.name))
-    return pids
+    scanned = [(int(entry.name), entry) for entry in Path("/proc").glob("[0-9]*")]
+    table = [(pid, session_of(pid), tagged(entry, needle)) for pid, entry in scanned]
+    sessions.update(pid for pid, sid, is_tagged in table if is_tagged and sid == pid)
+    return [
+        pid
+        for pid, sid, is_tagged in table
+        if pid != os.getpid() and (is_tagged or sid in sessions)
+    ]
+
+
+def tagged(entry: Path, needle: bytes) -> bool:
+    """Whether the environment of the process at ``entry`` (/proc/PID) holds ``needle``."""
+    with contextlib.suppress(OSError):
+        return needle in (entry / "environ").read_bytes()
+    return False
 
 
 def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWEEP_S) -> None:
@@ -224,13 +247,14 @@ def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWE
     sweeping again until QUIET_SCANS scans in a row find none (for up to ``sweep`` seconds):
     a process being ended may still start one (a Ray worker, an actor), and one scan can
     miss a process whose /proc entry is being rewritten."""
-    signal_all(tagged_processes(tag), signal.SIGTERM)
+    sessions: set[int] = set()
+    signal_all(run_processes(tag, sessions), signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while tagged_processes(tag) and time.monotonic() < deadline:
+    while run_processes(tag, sessions) and time.monotonic() < deadline:
         time.sleep(0.1)
     deadline, empty_scans = time.monotonic() + sweep, 0
     while empty_scans < QUIET_SCANS and time.monotonic() < deadline:
-        pids = tagged_processes(tag)
+        pids = run_processes(tag, sessions)
         empty_scans = 0 if pids else empty_scans + 1
         signal_all(pids, signal.SIGKILL)
         time.sleep(0.1)

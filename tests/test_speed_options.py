@@ -79,6 +79,11 @@ def test_bf16_is_honoured():
     assert half["test_loss"] == pytest.approx(plain["test_loss"], rel=0.05)
 
 
+# Pages (4 KiB) of one step's activations and their gradients: the forward outputs of 128
+# images (2 x 32x28x28 + 32x14x14 + 2 x 64x14x14 + 64x7x7 + 10 floats each), twice.
+STEP_PAGES = (
+    2 * 128 * (2 * 32 * 28 * 28 + 32 * 14 * 14 + 2 * 64 * 14 * 14 + 64 * 7 * 7 + 10) * 4 // 4096
+)
 FAULTS_OF_30_STEPS = """
 import resource, sys, torch
 from torch import nn
@@ -110,13 +115,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="mallopt is glibc's",
 )
-def test_kept_freed_memory_spares_most_page_faults_of_a_training_step():
-    def faults(keep: bool) -> int:
-        code = FAULTS_OF_30_STEPS.format(root=str(ROOT), keep=keep)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        return int(out.stdout)
-
-    default, kept = faults(False), faults(True)
-    assert default > 50_000  # glibc's defaults: 101,080-127,576 here (pages, again and again)
-    assert kept < default / 10  # 0-6,272 here
+def test_kept_freed_memory_leaves_a_training_step_almost_no_page_faults():
+    code = FAULTS_OF_30_STEPS.format(root=str(ROOT), keep=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    # 30 steps' activations and their gradients span 30 * STEP_PAGES pages; kept, under 2% of
+    # them fault (0-6,272 here). With glibc's defaults 6,000-206,000 do, as its dynamic mmap
+    # threshold happens to adapt, so the default is no fixed baseline to compare with.
+    assert int(out.stdout) < 0.02 * 30 * STEP_PAGES

@@ -22,12 +22,15 @@ from ssfl.cli import resume_command
 from ssfl.experiment import resolve_experiment
 from ssfl.lifecycle import (
     OWNER_FILE,
+    TAG_VAR,
     RunInterrupted,
+    end_processes,
     owner_line,
     record_interruption,
     remove_stale_folders,
     stop_signals,
 )
+from ssfl.lifecycle import run_processes as tagged_processes
 from ssfl.reproduce import TABLES, cell_dir
 from tasks.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import ROOT
@@ -279,6 +282,49 @@ def run_processes(tempdir: Path) -> list[int]:
             if needle in (entry / "environ").read_bytes():
                 pids.append(int(entry.name))
     return pids
+
+
+# A session leader carrying the tag starts a child whose environment lacks it (as Ray's
+# agents look once setproctitle has written their title over their environment), then waits.
+LEADER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={})
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is running (a zombie waiting to be reaped counts as ended)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0] != b"Z"
+    return False
+
+
+@pytest.mark.process
+def test_the_watchdog_ends_an_untagged_child_by_its_session_and_spares_other_sessions():
+    tag = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LEADER],
+        env={**os.environ, TAG_VAR: tag},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        child = int(leader.stdout.readline())
+        sessions: set[int] = set()
+        assert sorted(tagged_processes(tag, sessions)) == sorted([leader.pid, child])
+        assert sessions == {leader.pid}
+        end_processes(tag, grace=2.0, sweep=3.0)
+        assert leader.wait(timeout=5) == -signal.SIGTERM
+        assert not alive(child)
+        assert bystander.poll() is None  # untagged and in the test's session: untouched
+    finally:
+        for proc in (leader, bystander):
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture
