@@ -89,8 +89,7 @@ import resource, sys, torch
 from torch import nn
 sys.path.insert(0, {root!r})
 from tasks.train import keep_freed_memory
-if {keep}:
-    assert keep_freed_memory()
+assert keep_freed_memory()
 torch.set_num_threads(1)
 model = nn.Sequential(
     nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -116,7 +115,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     reason="mallopt is glibc's",
 )
 def test_kept_freed_memory_leaves_a_training_step_almost_no_page_faults():
-    code = FAULTS_OF_30_STEPS.format(root=str(ROOT), keep=True)
+    code = FAULTS_OF_30_STEPS.format(root=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     # 30 steps' activations and their gradients span 30 * STEP_PAGES pages; kept, under 2% of

@@ -327,6 +327,31 @@ def test_the_watchdog_ends_an_untagged_child_by_its_session_and_spares_other_ses
             proc.wait()
 
 
+@pytest.mark.process
+def test_a_session_seen_once_still_names_its_members_after_its_leader_ended():
+    tag = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LEADER],
+        env={**os.environ, TAG_VAR: tag},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        child = int(leader.stdout.readline())
+        sessions: set[int] = set()
+        tagged_processes(tag, sessions)
+        leader.kill()
+        leader.wait(timeout=5)
+        assert tagged_processes(tag, sessions) == [child]  # orphaned, untagged, still found
+        assert tagged_processes(tag, set()) == []  # a first scan now cannot see it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        leader.kill()
+        leader.wait()
+
+
 @pytest.fixture
 def short_tmp() -> Path:
     """A temporary folder for the CLI's runs with a short path (Ray's socket paths under it
