@@ -13,11 +13,18 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
+from ssfl.experiment import (
+    APP_DIR,
+    REFUSE,
+    CellFolders,
+    check_data,
+    resolve_experiment,
+    reusable_run,
+)
 from ssfl.registry import settings_of
 from ssfl.runner import run_simulation
 from tasks.config import ConfigError
@@ -147,10 +154,12 @@ SSFL_TABLE = Table(
         "Paper: CIFAR-10, ResNet-18 GN (BN for self-training and the FedAvg solution (BN)), "
         "Fig. 2 and the text "
         "beside it (grouping: 0.9283 + 0.0055). Ours (fmnist): Fashion-MNIST, small CNN, the "
-        "paper's K, C_k, R, N_s, T, tau and S, 40 rounds; Server-SL (ours) trains the server's "
-        "1,000 labeled images in the same rhythm. docs/ssfl-benchmark.md.",
+        "paper's K, C_k, R, N_s, T, tau and S, 40 rounds; (fmnist-long) 160 rounds, K = 50 "
+        "users with C_k = 10 a round, 20 warm-up rounds, parameters-only averaging. Server-SL "
+        "(ours) trains the server's 1,000 labeled images in the same rhythm. "
+        "docs/ssfl-benchmark.md.",
     ],
-    datasets={"fmnist": "experiments/ssfl-fmnist"},
+    datasets={"fmnist": "experiments/ssfl-fmnist", "fmnist-long": "experiments/ssfl-fmnist-long"},
 )
 TABLES["ssfl-fig2"] = SSFL_TABLE
 
@@ -164,6 +173,7 @@ FEDSUP_ROWS = {
     "BYOL": "byol.yaml",
     "FedRGD": "fedrgd.yaml",
     "FedSup": "fedsup.yaml",
+    "FedSup N = 0": "fedsup_n0.yaml",
 }
 # FedSup Tables 6.1 (finetuning) and 6.2 (linear evaluation), CIFAR-10 (IID, Non-IID); the
 # paper's Centralized and Fully Supervised rows are their plain test accuracies in both.
@@ -177,6 +187,7 @@ FEDSUP_PAPER = {
         "BYOL": (0.6410, 0.6266),
         "FedRGD": (0.6332, 0.6324),
         "FedSup": (0.6954, 0.6884),
+        "FedSup N = 0": (0.5720, 0.5680),  # Table 6.3 (its N = 4 is Table 6.1's FedSup)
     },
     "final_linear_accuracy": {
         "Centralized": (0.5692, 0.5692),
@@ -189,12 +200,17 @@ FEDSUP_PAPER = {
     },
 }
 FEDSUP_COLUMNS = {"IID": [], "Non-IID": ["split.dirichlet_alpha=0.1"]}
-FEDSUP_DATASETS = {"fmnist": "experiments/fmnist-fedsup", "cifar10": "experiments/cifar10-fedsup"}
+FEDSUP_DATASETS = {
+    "fmnist": "experiments/fmnist-fedsup",
+    "cifar10": "experiments/cifar10-fedsup",
+    "fmnist-room": "experiments/fmnist-fedsup-room",
+}
 FEDSUP_NOTES = [
     "Paper: CIFAR-10, ResNet-18, 100 rounds, Dirichlet alpha 1e5 / 0.1. Ours (fmnist): "
     "Fashion-MNIST, small CNN, 20 rounds, the same split rules and alphas, seed 0; every row "
     "is the protocol on its final global model (the paper's Centralized and Fully Supervised "
-    "rows are plain test accuracies).",
+    "rows are plain test accuracies); (fmnist-room) the same with 500 labels at the server. "
+    "FedSup N = 0: without L_MSE (Table 6.3's first row).",
     "Gap closed: (row - Centralized) / (Fully Supervised - Centralized) per column, every "
     "row under the table's protocol (ours); 'bounds without the protocol' reads the two bounds "
     "as plain test accuracies, as the paper's tables do.",
@@ -581,6 +597,19 @@ def experiments_folder(table: Table, dataset: str | None) -> str:
     return table.datasets[dataset]
 
 
+def rows_in(table: Table, folder: str) -> Table:
+    """``table`` with the rows whose experiment files ``folder`` holds (a setting may ship
+    some of a table's rows only, e.g. the FedSup room setting)."""
+    if not folder:
+        return table
+    kept = [
+        row
+        for row in table.rows
+        if all((APP_DIR / row.experiment_for(c, folder)).is_file() for c in table.columns)
+    ]
+    return replace(table, rows=kept)
+
+
 @dataclass(frozen=True)
 class Pick:
     """The cells a reproduction runs: rows and columns by name (empty: all of them).
@@ -651,15 +680,15 @@ def reproduce(
     and ``seeds.json`` holds the numbers. A cell folder holding another run is refused
     before anything runs, unless ``folders`` says to resume or replace it.
     """
-    table = TABLES[name]
+    folder = experiments_folder(TABLES[name], dataset)
+    table = rows_in(TABLES[name], folder)
     pick.check(table)
-    folder = experiments_folder(table, dataset)
     if run:
         check = CellFolders(folders.resume, folders.overwrite, check_only=True)
         table_results(table, out, rounds, sets, run, folder, seeds, check, pick)
     out.mkdir(parents=True, exist_ok=True)
     results = table_results(table, out, rounds, sets, run, folder, seeds, folders, pick)
-    tables = (table, *map(TABLES.get, table.linked))
+    tables = (table, *(rows_in(TABLES[linked], folder) for linked in table.linked))
     text = "\n\n".join(markdown(t, results, seeds) for t in tables)
     (out / "table.md").write_text(text + "\n")
     if seeds:

@@ -127,7 +127,7 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
     from ssfl.reproduce import FEDSUP_ROWS
 
     table = TABLES["fedsup-table6"]
-    accs = dict(zip(FEDSUP_ROWS, (0.70, 0.90, 0.72, 0.73, 0.74, 0.75, 0.76, 0.80)))
+    accs = dict(zip(FEDSUP_ROWS, (0.70, 0.90, 0.72, 0.73, 0.74, 0.75, 0.76, 0.80, 0.71)))
     ran = []
 
     labels = {cell_dir(tmp_path, r, c): r.label for r in table.rows for c in table.columns}
@@ -154,8 +154,31 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
     # rows under linear evaluation (acc - 0.1): (0.70 - 0.70) / 0.20 for FedSup.
     assert "| gap closed, bounds without the protocol |" in text
     assert "| FedSup | 0% | 41% | 0% | 45% |" in text  # Table 6.2: (0.6626 - 0.5692) / 0.2258
+    assert "| FedSup N = 0 | 0.7100 | 0.5720 | 0.7100 | 0.5680 |" in text  # Table 6.3
     with pytest.raises(ConfigError, match="--dataset"):
         reproduce("fedsup-table6", tmp_path, 2, [], dataset="mnist")
+
+
+def test_the_fedsup_room_table_runs_the_rows_its_folder_holds(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
+        ran.append((cfg["name"], cfg["split"]["labeled_per_class"]))
+        res = fake_results(0.7, 2, cfg)
+        return {**res, "final_finetune_accuracy": 0.7, "final_linear_accuracy": 0.6}
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    text = reproduce(
+        "fedsup-table6", tmp_path, 2, [], dataset="fmnist-room", pick=Pick(columns=("IID",))
+    )
+    rows = ["Centralized", "Fully Supervised", "SimCLR", "BYOL", "FedSup", "FedSup N = 0"]
+    assert len(ran) == len(rows) and {labels for _, labels in ran} == {50}
+    assert all(f"| {row} | 0.7000 |" in text for row in rows)
+    assert "FixMatch" not in text and "FedRGD" not in text
+    with pytest.raises(ConfigError, match="--rows"):
+        reproduce("fedsup-table6", tmp_path, 2, [], dataset="fmnist-room", pick=Pick(("FedRGD",)))
 
 
 SEEDS = [0, 1, 2]
@@ -344,3 +367,28 @@ def test_ssfl_fig2_runs_every_variant_per_seed_and_judges_gains_over_self_traini
     grouping = "| Grouping-based solution - Traditional self-training | +0.0100 (tie) | +0.4128 |"
     assert grouping in text
     assert "| Server-SL - Traditional self-training | +0.2000 | - |" in text
+
+
+def test_ssfl_fig2_long_runs_the_long_files_with_the_papers_participation(tmp_path, monkeypatch):
+    ran = {}
+
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
+        ran[cfg["name"]] = cfg
+        return fake_results(0.5, 3, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    reproduce("ssfl-fig2", tmp_path, None, [], dataset="fmnist-long")
+    assert sorted(ran) == [
+        "crl_bn_long",
+        "crl_gn_long",
+        "grouping_gn_long",
+        "selftrain_bn_long",
+        "ssfl_fmnist_server_sl_long",
+    ]
+    for name, cfg in ran.items():
+        assert cfg["rounds"] == 160
+        assert (cfg["split"]["num_clients"], cfg["federation"]["clients_per_round"]) == (50, 10)
+        if name != "ssfl_fmnist_server_sl_long":  # no users' models to average
+            assert cfg["federation"]["average"] == "parameters"
