@@ -314,7 +314,7 @@ for _name in FEDOSSL_LINKED:
 
 
 def cell_dir(out: Path, row: Row, column: str) -> Path:
-    slug = row.label.lower().replace(" ", "_").replace("-", "_")
+    slug = row.label.lower().replace(" = ", "").replace(" ", "_").replace("-", "_")
     slug = slug.replace("*", "").replace("/", "").replace("(", "").replace(")", "")
     return out / f"{slug}-{column.lower().replace('-', '')}"
 

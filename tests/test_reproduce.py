@@ -164,7 +164,7 @@ def test_the_fedsup_room_table_runs_the_rows_its_folder_holds(tmp_path, monkeypa
 
     def fake_run(settings, out, stream):
         cfg = mapping(settings)
-        ran.append((cfg["name"], cfg["split"]["labeled_per_class"]))
+        ran.append((out.name, cfg["split"]["labeled_per_class"]))
         res = fake_results(0.7, 2, cfg)
         return {**res, "final_finetune_accuracy": 0.7, "final_linear_accuracy": 0.6}
 
@@ -177,6 +177,7 @@ def test_the_fedsup_room_table_runs_the_rows_its_folder_holds(tmp_path, monkeypa
     assert len(ran) == len(rows) and {labels for _, labels in ran} == {50}
     assert all(f"| {row} | 0.7000 |" in text for row in rows)
     assert "FixMatch" not in text and "FedRGD" not in text
+    assert "fedsup_n0-iid" in {folder for folder, _ in ran}
     with pytest.raises(ConfigError, match="--rows"):
         reproduce("fedsup-table6", tmp_path, 2, [], dataset="fmnist-room", pick=Pick(("FedRGD",)))
 
