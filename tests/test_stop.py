@@ -301,8 +301,9 @@ def alive(pid: int) -> bool:
     return False
 
 
-@pytest.mark.process
-def test_the_watchdog_ends_an_untagged_child_by_its_session_and_spares_other_sessions():
+def start_tagged_leader() -> tuple[str, subprocess.Popen]:
+    """A fresh tag and a process carrying it that leads its own session and prints the pid of
+    the untagged child it starts (``LEADER``)."""
     tag = f"test-{os.getpid()}-{time.monotonic_ns()}"
     leader = subprocess.Popen(
         [sys.executable, "-c", LEADER],
@@ -311,6 +312,12 @@ def test_the_watchdog_ends_an_untagged_child_by_its_session_and_spares_other_ses
         text=True,
         start_new_session=True,
     )
+    return tag, leader
+
+
+@pytest.mark.process
+def test_the_watchdog_ends_an_untagged_child_by_its_session_and_spares_other_sessions():
+    tag, leader = start_tagged_leader()
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         child = int(leader.stdout.readline())
@@ -329,14 +336,7 @@ def test_the_watchdog_ends_an_untagged_child_by_its_session_and_spares_other_ses
 
 @pytest.mark.process
 def test_a_session_seen_once_still_names_its_members_after_its_leader_ended():
-    tag = f"test-{os.getpid()}-{time.monotonic_ns()}"
-    leader = subprocess.Popen(
-        [sys.executable, "-c", LEADER],
-        env={**os.environ, TAG_VAR: tag},
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    tag, leader = start_tagged_leader()
     try:
         child = int(leader.stdout.readline())
         sessions: set[int] = set()
