@@ -159,7 +159,7 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
         reproduce("fedsup-table6", tmp_path, 2, [], dataset="mnist")
 
 
-def test_the_fedsup_room_table_runs_the_rows_its_folder_holds(tmp_path, monkeypatch):
+def test_the_fedsup_room_table_runs_the_rows_it_names(tmp_path, monkeypatch):
     ran = []
 
     def fake_run(settings, out, stream):
@@ -180,6 +180,21 @@ def test_the_fedsup_room_table_runs_the_rows_its_folder_holds(tmp_path, monkeypa
     assert "fedsup_n0-iid" in {folder for folder, _ in ran}
     with pytest.raises(ConfigError, match="--rows"):
         reproduce("fedsup-table6", tmp_path, 2, [], dataset="fmnist-room", pick=Pick(("FedRGD",)))
+
+
+def test_a_missing_row_file_is_refused_by_name(tmp_path, monkeypatch):
+    """A lost experiment file stops the table with its path instead of shrinking it."""
+    app = tmp_path / "app"
+    room = app / "experiments/fmnist-fedsup-room"
+    room.mkdir(parents=True)
+    for name in ("centralized", "fully_supervised", "simclr", "byol", "fedsup"):
+        (room / f"{name}.yaml").write_text("method: fedsup\n")
+    monkeypatch.setattr(ssfl.reproduce, "APP_DIR", app)
+    with pytest.raises(
+        ConfigError, match=r"row 'FedSup N = 0' needs experiments/fmnist-fedsup-room/fedsup_n0"
+    ):
+        reproduce("fedsup-table6", tmp_path / "out", 2, [], dataset="fmnist-room", run=False)
+    assert not (tmp_path / "out").exists()
 
 
 SEEDS = [0, 1, 2]
