@@ -158,7 +158,7 @@ class RoundLoop(Strategy):
         if not self.updates:
             return None, None
         arrays, metrics = self.parts.aggregator.aggregate(server_round, self.updates)
-        if self.settings.eval.local_models:
+        if self.settings.eval.local_models and self.tested(server_round):
             evaluator = self.parts.evaluator
             metrics["local_accuracy"] = evaluator.local_accuracy(self.updates, self.parts.codec)
         metrics.update(self.parts.codec.saved_bytes("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))

@@ -492,8 +492,8 @@ class EvalSettings:
     batch_size: int = setting(500, "evaluation batch size", rule=between(1, MAX_BATCH))
     local_models: bool = setting(
         False,
-        "also record `local_accuracy` each round, the clients' trained models' mean test "
-        "accuracy (FedMatch Table 2's metric)",
+        "also record `local_accuracy` on every tested round (`eval.every`), the clients' "
+        "trained models' mean test accuracy (FedMatch Table 2's metric)",
         ref="FedMatch Table 2",
     )
     protocol_every: int = setting(

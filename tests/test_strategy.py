@@ -208,10 +208,11 @@ def test_eval_every_tests_only_the_asked_rounds_and_the_last_without_changing_tr
 ):
     raw = {**synthetic_raw, "rounds": 3}
     every_round = run(raw, InProcessGrid(3))
-    rows = run({**raw, "eval": {"every": 2}}, InProcessGrid(3))
+    rows = run({**raw, "eval": {"every": 2, "local_models": True}}, InProcessGrid(3))
     tested = [r["round"] for r in rows if "test_accuracy" in r]
     assert tested == [2, 3]
     assert [r["round"] for r in rows if "aggregate_accuracy" in r] == [2, 3]
+    assert [r["round"] for r in rows if "local_accuracy" in r] == [2, 3]
     for row, full in zip(rows, every_round, strict=True):
         assert row["train_loss"] == full["train_loss"]
         if row["round"] in tested:
