@@ -385,6 +385,32 @@ def test_ssfl_fig2_runs_every_variant_per_seed_and_judges_gains_over_self_traini
     assert "| Server-SL - Traditional self-training | +0.2000 | - |" in text
 
 
+def test_ssfl_table2_compares_one_and_three_groups_that_differ_in_s_only(tmp_path, monkeypatch):
+    # Per seed 0, 1, 2: S = 3 gains +0.05 over S = 1, outside twice the larger std (0.01).
+    accs = {"grouping_s1_k30": [0.70, 0.70, 0.70], "grouping_s3_k30": [0.74, 0.75, 0.76]}
+    ran = {}
+
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
+        ran[(cfg["name"], cfg["seed"])] = cfg
+        return fake_results(accs[cfg["name"]][cfg["seed"]], 40, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    text = reproduce("ssfl-table2", tmp_path, None, [], seeds=SEEDS)
+    assert len(ran) == 6
+    one, three = ran[("grouping_s1_k30", 0)], ran[("grouping_s3_k30", 0)]
+    assert (one["algo"]["groups"], three["algo"]["groups"]) == (1, 3)
+    for cfg in (one, three):
+        assert cfg["method"] == "fedrgd" and cfg["split"]["num_clients"] == 30
+        assert cfg["federation"]["clients_per_round"] == 0  # C_k = K
+        assert cfg["client"]["lr"] == 0.003 and cfg["server"]["lr"] == 0.03
+    same = {k: v for k, v in one.items() if k not in ("name", "algo")}
+    assert same == {k: v for k, v in three.items() if k not in ("name", "algo")}
+    assert {**one["algo"], "groups": 3} == three["algo"]
+    assert "| Grouping-based (S = 3) - FedAvg (S = 1) | +0.0500 | +0.1079 |" in text
+
+
 def test_ssfl_fig2_long_runs_the_long_files_with_the_papers_participation(tmp_path, monkeypatch):
     ran = {}
 
