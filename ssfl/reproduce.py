@@ -635,14 +635,17 @@ def experiments_folder(table: Table, dataset: str | None) -> str:
 def rows_in(table: Table, dataset: str | None) -> Table:
     """``table`` with the rows ``dataset`` ships (``Table.subsets``; default: every row).
 
-    A row whose experiment file is missing from the dataset's folder: ConfigError naming
-    the file, so that a lost file never shrinks a table without a word.
+    A row whose experiment file is missing from the dataset's folder, or a subset label that
+    names no row: ConfigError naming it, so that a table never shrinks without a word.
     """
     folder = experiments_folder(table, dataset)
     if not folder:
         return table
     name = dataset or next(iter(table.datasets))
     labels = table.subsets.get(name)
+    unknown = sorted(set(labels or ()) - {row.label for row in table.rows})
+    if unknown:
+        raise ConfigError(f"--dataset {name}: the table has no row {', '.join(map(repr, unknown))}")
     kept = [row for row in table.rows if labels is None or row.label in labels]
     for row in kept:
         for column in table.columns:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -192,6 +193,26 @@ def test_a_missing_row_file_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(ssfl.reproduce, "APP_DIR", app)
     with pytest.raises(
         ConfigError, match=r"row 'FedSup N = 0' needs experiments/fmnist-fedsup-room/fedsup_n0"
+    ):
+        reproduce("fedsup-table6", tmp_path / "out", 2, [], dataset="fmnist-room", run=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_subset_names_rows_and_a_dataset_of_its_table():
+    for name, table in TABLES.items():
+        labels = {row.label for row in table.rows}
+        for dataset, subset in table.subsets.items():
+            assert dataset in table.datasets, (name, dataset)
+            assert set(subset) <= labels, (name, set(subset) - labels)
+
+
+def test_a_subset_label_that_names_no_row_is_refused(tmp_path, monkeypatch):
+    """A misspelt subset label stops the table instead of dropping the row it meant."""
+    table = TABLES["fedsup-table6"]
+    subsets = {"fmnist-room": ("Centralized", "FedSup N=0")}
+    monkeypatch.setitem(TABLES, "fedsup-table6", replace(table, subsets=subsets))
+    with pytest.raises(
+        ConfigError, match=r"--dataset fmnist-room: the table has no row 'FedSup N=0'"
     ):
         reproduce("fedsup-table6", tmp_path / "out", 2, [], dataset="fmnist-room", run=False)
     assert not (tmp_path / "out").exists()
