@@ -188,15 +188,48 @@ def interrupted_results(out: Path) -> dict | None:
     }
 
 
+def results_stamp(out: Path) -> int | None:
+    """When ``out/results.json`` was last written (ns), None when there is none."""
+    try:
+        return (out / "results.json").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def completed_since(out: Path, stamp: int | None) -> int | None:
+    """The last round of a completed run's results.json written in ``out`` after ``stamp``
+    (a signal that came while the finished run shut down); None when there is none."""
+    import json
+
+    if results_stamp(out) in (None, stamp):
+        return None
+    try:
+        results = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    rounds = results.get("rounds") if isinstance(results, dict) else None
+    if results.get("status") != "completed" or not rounds:
+        return None
+    return int(rounds[-1]["round"])
+
+
 @contextlib.contextmanager
 def record_interruption(out: Path) -> Iterator[None]:
     """On RunInterrupted (raised after the run's processes were stopped inside), write
-    ``out/results.json`` with ``"status": "interrupted"`` and note the run on the error."""
+    ``out/results.json`` with ``"status": "interrupted"`` and note the run on the error.
+
+    A results.json the run completed before the signal came (while it shut down) is kept:
+    the finished run's record is never replaced by an interrupted one."""
+    stamp = results_stamp(out)
     try:
         yield
     except RunInterrupted as err:
         import json
 
+        done = completed_since(out, stamp)
+        if done is not None:
+            err.out, err.rounds_done = out, done
+            raise
         results = interrupted_results(out)
         if results is not None:
             partial = out / "results.json.partial"

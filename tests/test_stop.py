@@ -262,6 +262,30 @@ def test_an_interrupted_run_records_its_checkpoint_rounds(exp, tmp_path):
     )
 
 
+def test_a_signal_after_the_run_completed_keeps_its_results(exp, tmp_path):
+    """Ctrl-C while a finished run shuts down: its completed record stays as written."""
+    cfg = resolve_experiment(exp)
+    rows = [{"round": 1, "test_accuracy": 0.25}, {"round": 2, "test_accuracy": 0.5}]
+    out = tmp_path / "out"
+    save_checkpoint(
+        {"round": 2, "config": json.dumps(cfg), "rows": json.dumps(rows)}, out / "checkpoint.pt"
+    )
+    old = {"status": "completed", "rounds": rows[:1], "final_test_accuracy": 0.25}
+    (out / "results.json").write_text(json.dumps(old))
+    stale = (out / "results.json").stat().st_mtime_ns
+    with pytest.raises(RunInterrupted), record_interruption(out):
+        raise RunInterrupted(signal.SIGINT)
+    assert json.loads((out / "results.json").read_text())["status"] == "interrupted"
+
+    done = {"status": "completed", "rounds": rows, "final_local_accuracy": 0.4}
+    with pytest.raises(RunInterrupted) as caught, record_interruption(out):
+        (out / "results.json").write_text(json.dumps(done))
+        os.utime(out / "results.json", ns=(stale + 10**9, stale + 10**9))
+        raise RunInterrupted(signal.SIGINT)
+    assert (caught.value.out, caught.value.rounds_done) == (out, 2)
+    assert json.loads((out / "results.json").read_text()) == done
+
+
 def test_the_resume_command_adds_resume_and_out_and_drops_overwrite():
     argv = ["run", "exp.yaml", "--set", "client.lr=0.1 x", "--overwrite"]
     assert resume_command(argv, Path("runs/a")) == (
