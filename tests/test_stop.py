@@ -243,13 +243,19 @@ def test_sigint_and_sigterm_raise_run_interrupted_and_the_handlers_come_back():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_an_interrupted_run_records_its_checkpoint_rounds(exp, tmp_path):
-    cfg = resolve_experiment(exp)
-    rows = [{"round": 1, "test_accuracy": 0.25}, {"round": 2, "test_accuracy": 0.5}]
+ROWS = [{"round": 1, "test_accuracy": 0.25}, {"round": 2, "test_accuracy": 0.5}]
+
+
+def checkpointed_out(exp: Path, tmp_path: Path) -> Path:
+    """A run folder whose checkpoint holds round 2 of ``exp`` (rows ROWS)."""
     out = tmp_path / "out"
-    save_checkpoint(
-        {"round": 2, "config": json.dumps(cfg), "rows": json.dumps(rows)}, out / "checkpoint.pt"
-    )
+    state = {"round": 2, "config": json.dumps(resolve_experiment(exp)), "rows": json.dumps(ROWS)}
+    save_checkpoint(state, out / "checkpoint.pt")
+    return out
+
+
+def test_an_interrupted_run_records_its_checkpoint_rounds(exp, tmp_path):
+    out, rows = checkpointed_out(exp, tmp_path), ROWS
     with pytest.raises(RunInterrupted) as caught, record_interruption(out):
         raise RunInterrupted(signal.SIGINT)
     assert (caught.value.out, caught.value.rounds_done) == (out, 2)
@@ -264,12 +270,7 @@ def test_an_interrupted_run_records_its_checkpoint_rounds(exp, tmp_path):
 
 def test_a_signal_after_the_run_completed_keeps_its_results(exp, tmp_path):
     """Ctrl-C while a finished run shuts down: its completed record stays as written."""
-    cfg = resolve_experiment(exp)
-    rows = [{"round": 1, "test_accuracy": 0.25}, {"round": 2, "test_accuracy": 0.5}]
-    out = tmp_path / "out"
-    save_checkpoint(
-        {"round": 2, "config": json.dumps(cfg), "rows": json.dumps(rows)}, out / "checkpoint.pt"
-    )
+    out, rows = checkpointed_out(exp, tmp_path), ROWS
     old = {"status": "completed", "rounds": rows[:1], "final_test_accuracy": 0.25}
     (out / "results.json").write_text(json.dumps(old))
     stale = (out / "results.json").stat().st_mtime_ns
