@@ -201,16 +201,17 @@ def completed_since(out: Path, stamp: int | None) -> int | None:
     (a signal that came while the finished run shut down); None when there is none."""
     import json
 
+    from tasks.results import completed
+
     if results_stamp(out) in (None, stamp):
         return None
     try:
         results = json.loads((out / "results.json").read_text())
     except (OSError, ValueError):
         return None
-    rounds = results.get("rounds") if isinstance(results, dict) else None
-    if results.get("status") != "completed" or not rounds:
+    if not isinstance(results, dict) or not completed(results) or not results.get("rounds"):
         return None
-    return int(rounds[-1]["round"])
+    return int(results["rounds"][-1]["round"])
 
 
 @contextlib.contextmanager

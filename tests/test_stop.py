@@ -286,6 +286,12 @@ def test_a_signal_after_the_run_completed_keeps_its_results(exp, tmp_path):
     assert (caught.value.out, caught.value.rounds_done) == (out, 2)
     assert json.loads((out / "results.json").read_text()) == done
 
+    with pytest.raises(RunInterrupted), record_interruption(out):
+        (out / "results.json").write_text("[]")
+        os.utime(out / "results.json", ns=(stale + 2 * 10**9, stale + 2 * 10**9))
+        raise RunInterrupted(signal.SIGINT)
+    assert json.loads((out / "results.json").read_text())["status"] == "interrupted"
+
 
 def test_the_resume_command_adds_resume_and_out_and_drops_overwrite():
     argv = ["run", "exp.yaml", "--set", "client.lr=0.1 x", "--overwrite"]
