@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from benchmarks.gpu_step import significant
 from tests.conftest import ROOT
 
 STEPS = ("environment", "methods", "training_step", "round", "cifar")
@@ -49,3 +50,15 @@ def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
     assert len(steps["round"]["round_seconds"]) == 3 and steps["round"]["clients"] == 3
     assert len(steps["cifar"]["round_seconds"]) == 2 and steps["cifar"]["test_images"] == 100
     assert all(step["seconds"] > 0 for step in steps.values())
+
+
+@pytest.mark.parametrize(
+    ("client", "bare"), [(3.06, 3.1), (0.4123, 0.4), (812.37, 1024.9), (12345.6, 12000.0)]
+)
+def test_a_training_step_case_keeps_its_ratio_at_any_rate(client, bare):
+    """The rates are kept to 4 significant digits, so their quotient matches the ratio on a slow
+    CPU too (one decimal turned 3.06 / 3.1 images/s into 3.1 / 3.1)."""
+    client_rate, bare_rate = significant(client), significant(bare)
+    assert client_rate == pytest.approx(client, rel=1e-3)
+    assert bare_rate == pytest.approx(bare, rel=1e-3)
+    assert round(client / bare, 3) == pytest.approx(client_rate / bare_rate, rel=0.01)
