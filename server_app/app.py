@@ -35,6 +35,7 @@ def main(grid: Grid, context: Context) -> None:
     server = ServerSide.build(settings, dataset, split, resolve_device(settings.device))
     out = Path(str(context.run_config.get("out-dir", "")) or default_out(settings))
     recorder = Recorder(out, settings, split.summary)
+    recorder.code_version = str(context.run_config.get("code-version", ""))
     strategy = method(settings.method).server_half().strategy(server, recorder.add_round)
     recorder.timeline = strategy.timeline
     recorder.devices = strategy.devices

@@ -14,6 +14,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -478,6 +479,7 @@ def markdown(table: Table, results: Results, seeds: list[int] | None = None) -> 
     lines += ["", f"Final {what} {done}{evaluation_point(table.metric)}."]
     lines += seeds_note(table, seeds)
     lines += [f"{note}" for note in table.notes]
+    lines += provenance(results)
     return "\n".join(lines)
 
 
@@ -580,6 +582,42 @@ def seeds_note(table: Table, seeds: list[int] | None) -> list[str]:
         f"Seeds {', '.join(map(str, seeds))} (n = {len(seeds)}); ± is the sample std over "
         f"seeds; a gain within twice the larger std is marked (tie){gap}."
     ]
+
+
+def counted(values: list[str]) -> str:
+    """``a (2 cells), b (1 cell)``: each distinct value with how many cells show it."""
+    tally = {value: values.count(value) for value in dict.fromkeys(values)}
+    return ", ".join(f"{v} ({n} cell{'s' * (n != 1)})" for v, n in tally.items())
+
+
+def finished_day(res: dict[str, Any]) -> str | None:
+    """The UTC day a cell's run finished (its timeline's ``finished``), None if unrecorded."""
+    finished = res.get("timeline", {}).get("finished")
+    if not isinstance(finished, (int, float)):
+        return None
+    return datetime.fromtimestamp(finished, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def machine(res: dict[str, Any]) -> str:
+    """The CPU a cell ran on, its kernels' instruction set and threads (numbers depend on
+    them: docs/reference.md, "Determinism")."""
+    host = res.get("host") or {}
+    if not host.get("cpu"):
+        return "not recorded"
+    return f"{host['cpu']} ({host.get('cpu_capability', '?')}, {host.get('threads', '?')} threads)"
+
+
+def provenance(results: Results) -> list[str]:
+    """The line under a table saying what made its cells: commits (results.json's
+    code_version), the days they finished, and the machines."""
+    cells = [res for runs in results.values() for res in runs.values()]
+    if not cells:
+        return []
+    commits = counted([res.get("code_version") or "not recorded" for res in cells])
+    days = sorted(day for day in map(finished_day, cells) if day)
+    when = f"finished {days[0]} to {days[-1]}" if days else "finish days not recorded"
+    hosts = counted([machine(res) for res in cells])
+    return [f"Cells: commit {commits}; {when}; {hosts}."]
 
 
 def cost_ratio(results: dict[str, Any], sent: str, dense: str) -> float:

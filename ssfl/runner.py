@@ -404,14 +404,47 @@ def run_status(env: Mapping[str, str], superlink: str, run_id: str) -> str:
     return match.group(1) if match else f"unknown ({proc.stdout.strip()[-200:]})"
 
 
-def run_config_arg(exp: Path, out: Path, resume: bool = False, client_state: str = "") -> str:
+def git_out(app_dir: Path, *args: str) -> str | None:
+    """``git -C app_dir ARGS``'s output, None when git is absent or fails."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [git, "-C", str(app_dir), *args], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def code_version(app_dir: Path = APP_DIR) -> str:
+    """The commit the app is launched from, with "+dirty" when a tracked file differs from
+    it; "" when ``app_dir`` is not the top of a git checkout (an installed copy, a
+    container). Each results.json records it as ``code_version``."""
+    top = git_out(app_dir, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != Path(app_dir).resolve():
+        return ""
+    head = git_out(app_dir, "rev-parse", "--short=12", "HEAD")
+    changed = git_out(app_dir, "status", "--porcelain", "--untracked-files=no")
+    if not head:
+        return ""
+    return head + ("" if changed == "" else "+dirty")
+
+
+def run_config_arg(
+    exp: Path, out: Path, resume: bool = False, client_state: str = "", code: str = ""
+) -> str:
     """The app's --run-config: the resolved experiment file, the results folder, whether to
-    resume from its checkpoint, and where simulated clients persist their state."""
+    resume from its checkpoint, where simulated clients persist their state, and the code
+    version the run is launched from (``code_version``)."""
     arg = f"experiment={toml_str(str(exp))} out-dir={toml_str(str(out))}"
     if resume:
         arg += " resume=true"
     if client_state:
         arg += f" client-state-dir={toml_str(client_state)}"
+    if code:
+        arg += f" code-version={toml_str(code)}"
     return arg
 
 
@@ -475,7 +508,7 @@ def submit_run(
             str(stage_app(app_dir, stage / "app")),
             superlink,
             "--run-config",
-            run_config_arg(exp, out, resume, client_state),
+            run_config_arg(exp, out, resume, client_state, code_version(app_dir)),
             *extra,
             "--stream",
         ]

@@ -110,6 +110,8 @@ class Recorder:
         self.timeline: dict[str, float] = {}
         # The server's device and each client's ({"server": "cuda:0", "clients": {...}}).
         self.devices: dict[str, Any] = {}
+        # The commit the run was launched from (ssfl.runner.code_version; "" = not known).
+        self.code_version = ""
 
     def add_round(self, row: Mapping[str, Any]) -> None:
         """Append a round's row to metrics.jsonl and log one progress line."""
@@ -155,6 +157,7 @@ class Recorder:
             "timeline": {**self.timeline, "finished": time.time()},
             "devices": self.devices,
             "host": host(),
+            "code_version": self.code_version or None,
         }
 
     def final_of_last_round(self) -> dict[str, float]:

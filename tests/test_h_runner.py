@@ -19,9 +19,12 @@ from ssfl.runner import (
     RayHead,
     RunFailed,
     _copy_lines,
+    code_version,
     federation_config,
     flwr_env,
+    run_config_arg,
 )
+from tests.conftest import ROOT
 from tests.harness import alive, descendants
 
 
@@ -173,3 +176,41 @@ ray.get(actor.pid.remote())
 print(ray.get_runtime_context().gcs_address.rsplit(":", 1)[1])
 ray.shutdown()
 """
+
+
+def git(repo, *args: str) -> str:
+    """git in ``repo`` with a throwaway identity; its output."""
+    ident = ["-c", "user.email=t@example.com", "-c", "user.name=t"]
+    proc = subprocess.run(["git", *ident, "-C", str(repo), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_code_version_is_the_commit_marked_dirty_by_tracked_changes_only(tmp_path):
+    repo = tmp_path / "app"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "a.py")
+    git(repo, "commit", "-q", "-m", "one")
+    head = git(repo, "rev-parse", "--short=12", "HEAD")
+    assert len(head) == 12 and code_version(repo) == head
+    (repo / "scratch.txt").write_text("untracked\n")
+    assert code_version(repo) == head  # an untracked file (a run folder) changes no code
+    (repo / "a.py").write_text("x = 2\n")
+    assert code_version(repo) == head + "+dirty"
+    sub = repo / "pkg"
+    sub.mkdir()
+    assert code_version(sub) == ""  # not the checkout's top: an installed copy inside one
+    assert code_version(tmp_path) == ""  # no checkout at all
+
+
+def test_the_code_version_travels_in_a_run_config_key_the_app_declares(tmp_path):
+    tomllib = pytest.importorskip("tomllib")
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    arg = run_config_arg(tmp_path / "e.yaml", tmp_path, True, "state", "0123456789ab+dirty")
+    keys = [item.split("=", 1)[0] for item in arg.split(" ")]
+    assert keys == ["experiment", "out-dir", "resume", "client-state-dir", "code-version"]
+    assert set(keys) <= set(declared["config"])  # Flower refuses an undeclared key
+    assert "code-version='0123456789ab+dirty'" in arg
+    assert "code-version" not in run_config_arg(tmp_path / "e.yaml", tmp_path)

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from ssfl.runner import code_version
+
 pytestmark = [pytest.mark.e2e, pytest.mark.process, pytest.mark.slow]
 
 
@@ -29,6 +31,7 @@ def test_the_quickstart_runs_from_any_folder_with_plain_logs(tmp_path):
     assert progress[1].endswith("done")
     results = json.loads((out / "results.json").read_text())
     assert results["name"] == "quickstart" and len(results["rounds"]) == 2
+    assert results["code_version"] == (code_version() or None)  # this checkout's commit
     assert (out / "model.pt").stat().st_size > 0
     assert len((out / "metrics.csv").read_text().splitlines()) == 3
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))

@@ -286,6 +286,18 @@ def test_results_record_what_the_cpu_numbers_depend_on(tmp_path):
     assert written["numpy"] == np.__version__ and {"kornia", "flwr"} <= written.keys()
 
 
+def test_results_record_the_code_version_the_run_was_launched_from(tmp_path):
+    known = Recorder(tmp_path / "known", settings_of(resolve_config({})), {})
+    known.code_version = "0123456789ab+dirty"  # the ServerApp's, from run-config code-version
+    known.add_round({"round": 1, "test_accuracy": 0.5, "test_loss": 1.0, "seconds": 0.1})
+    known.finish()
+    written = json.loads((tmp_path / "known" / "results.json").read_text())
+    assert written["code_version"] == "0123456789ab+dirty"
+    unknown = Recorder(tmp_path / "unknown", settings_of(resolve_config({})), {})
+    unknown.add_round({"round": 1, "test_accuracy": 0.5, "test_loss": 1.0, "seconds": 0.1})
+    assert unknown.finish()["code_version"] is None  # a deployed app launched without git
+
+
 def test_same_seed_same_threads_same_weights():
     from benchmarks.float_order import trained_weights
 

@@ -455,3 +455,33 @@ def test_ssfl_fig2_long_runs_the_long_files_with_the_papers_participation(tmp_pa
         assert (cfg["split"]["num_clients"], cfg["federation"]["clients_per_round"]) == (50, 10)
         if name != "ssfl_fmnist_server_sl_long":  # no users' models to average
             assert cfg["federation"]["average"] == "parameters"
+
+
+def test_the_table_says_which_commits_days_and_machines_made_its_cells():
+    from ssfl.reproduce import markdown
+
+    xeon = {"cpu": "Intel Xeon", "cpu_capability": "AVX512", "threads": 2}
+    made = {
+        "FedSEAL": ("0123456789ab", 1795824000.0, xeon),  # 2026-11-28 00:00 UTC
+        "Server-SL": ("0123456789ab", 1795824000.0 - 3600, xeon),  # 2026-11-27 23:00 UTC
+        "FedMatch": ("0123456789ab+dirty", 1795824000.0 + 7200, {**xeon, "cpu": "AMD EPYC"}),
+    }
+    results = {
+        (label, "IID"): {
+            None: {
+                **fake_results(0.8),
+                "code_version": commit,
+                "timeline": {"finished": finished},
+                "host": host,
+            }
+        }
+        for label, (commit, finished, host) in made.items()
+    }
+    results[("FedAvg-SL", "IID")] = {None: fake_results(0.9)}  # a cell from before the record
+    text = markdown(TABLES["fedseal-table1"], results)
+    assert text.splitlines()[-1] == (
+        "Cells: commit 0123456789ab (2 cells), 0123456789ab+dirty (1 cell), not recorded "
+        "(1 cell); finished 2026-11-27 to 2026-11-28; Intel Xeon (AVX512, 2 threads) (2 cells), "
+        "AMD EPYC (AVX512, 2 threads) (1 cell), not recorded (1 cell)."
+    )
+    assert markdown(TABLES["fedseal-table1"], {}).splitlines()[-1].startswith("FedMatch is not")
