@@ -287,11 +287,13 @@ wait_round() {
   until [ -f "$SSFL_RUNS/fault/metrics.jsonl" ] &&
     grep -q "\"round\": $1[,}]" "$SSFL_RUNS/fault/metrics.jsonl"; do
     [ $SECONDS -lt $deadline ] || die "round $1 of the fault run not recorded in 600 s"
-    sleep 1
+    sleep 0.2
   done
 }
 fault_run() {
-  submit fault "rounds=4;split.num_clients=2;split.client_size=300;split.test_size=500;server.bootstrap_epochs=1;server.epochs=1" &
+  # client.epochs=12: node 0's round-2 training lasts seconds, so the kill below lands in it
+  # (with 1 epoch, 300 images, an idle machine could finish round 2 before the kill).
+  submit fault "rounds=4;split.num_clients=2;split.client_size=300;split.test_size=500;server.bootstrap_epochs=1;server.epochs=1;client.epochs=12" &
   local runner=$!
   wait_round 1
   server_compose kill supernode-0 2>&1 | grep -v '^Killing' || true
