@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -54,14 +53,15 @@ def progress_line(row: Row, total: int | None, seconds: Sequence[float]) -> str:
 
 class MetricsFollower:
     """The rows a run appends to metrics.jsonl, each handed once to every sink (in round
-    order). A file last written before the follower started (a previous run's) is not read.
+    order). The file as it was when the follower started (a previous run's) is not read: it
+    is read once its text differs (the new run's Recorder rewrites it).
     """
 
     def __init__(self, path: Path, sinks: Sequence[Callable[[Row], None]]):
         self.path = Path(path)
         self.sinks = list(sinks)
         self.last_round = 0
-        self.started = time.time()
+        self.stale = self.text()
 
     def poll(self) -> None:
         """Hand every complete new row (round above the last handed) to the sinks."""
@@ -78,14 +78,22 @@ class MetricsFollower:
             if isinstance(sink, TensorBoardSink):
                 sink.close()
 
-    def read_rows(self) -> list[Row]:
-        """The file's complete, parseable rows (a line being written is left for later)."""
+    def text(self) -> str | None:
+        """The file's text, None while it cannot be read."""
         try:
-            if self.path.stat().st_mtime < self.started:
-                return []
-            text = self.path.read_text(encoding="utf-8")
+            return self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
+            return None
+
+    def read_rows(self) -> list[Row]:
+        """The file's complete, parseable rows (a line being written is left for later);
+        none while the file is the previous run's, unchanged. Compared by text, not by
+        modification time: the file system's clock lags time.time() by up to a tick, so a row
+        written just after the follower started could look older than it."""
+        text = self.text()
+        if text is None or (self.stale is not None and text == self.stale):
             return []
+        self.stale = None
         rows = []
         for line in text.splitlines(keepends=True):
             if not line.endswith("\n"):

@@ -76,6 +76,18 @@ def test_follower_skips_a_previous_runs_file(tmp_path):
     assert got == [1]
 
 
+def test_follower_reads_a_new_runs_file_whatever_its_modification_time(tmp_path):
+    """The file system's clock lags time.time() by up to a tick: a first row written just
+    after the follower started can carry an earlier mtime; it is still this run's."""
+    path = tmp_path / "metrics.jsonl"
+    got: list[int] = []
+    follower = MetricsFollower(path, [lambda row: got.append(row["round"])])
+    append(path, {"round": 1})
+    os.utime(path, (1_000_000, 1_000_000))
+    follower.poll()
+    assert got == [1]
+
+
 def test_printer_writes_plain_lines(tmp_path):
     stream = io.StringIO()
     printer = ProgressPrinter(2, stream)
