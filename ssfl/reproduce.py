@@ -242,10 +242,11 @@ FEDSUP_SUBSETS = {
 }
 FEDSUP_NOTES = [
     "Paper: CIFAR-10, ResNet-18, 100 rounds, Dirichlet alpha 1e5 / 0.1. Ours (fmnist): "
-    "Fashion-MNIST, small CNN, 20 rounds, the same split rules and alphas, seed 0; every row "
-    "is the protocol on its final global model (the paper's Centralized and Fully Supervised "
-    "rows are plain test accuracies); (fmnist-room) the same with 500 labels at the server. "
-    "FedSup N = 0: without L_MSE (Table 6.3's first row).",
+    "Fashion-MNIST, small CNN, 20 rounds, the same split rules and alphas, the configs' seed "
+    "0 unless a Seeds line says otherwise; every row is the protocol on its final global "
+    "model (the paper's Centralized and Fully Supervised rows are plain test accuracies); "
+    "(fmnist-room) the same with 500 labels at the server. FedSup N = 0: without L_MSE "
+    "(Table 6.3's first row).",
     "Gap closed: (row - Centralized) / (Fully Supervised - Centralized) per column, every "
     "row under the table's protocol (ours); 'bounds without the protocol' reads the two bounds "
     "as plain test accuracies, as the paper's tables do.",
@@ -311,9 +312,9 @@ FEDOSSL_METRICS = {"all": "All", "seen": "Seen", "lu": "LU", "gu": "GU", "unseen
 FEDOSSL_PARTS = list(FEDOSSL_METRICS)
 FEDOSSL_NOTES = [
     "Paper: CIFAR-10, SimCLR-pretrained ResNet-18, 50 rounds, E = 5, best round. Ours "
-    "(fmnist): Fashion-MNIST, small CNN from scratch, 30 rounds, E = 1, seed 0; 'best' is the "
-    "best round (the paper's), 'final' the last round's. Seen: plain accuracy; All, AU, LU, "
-    "GU: Hungarian-matched (docs/fedossl.md).",
+    "(fmnist): Fashion-MNIST, small CNN from scratch, 30 rounds, E = 1, the configs' seed 0 "
+    "unless a Seeds line says otherwise; 'best' is the best round (the paper's), 'final' the "
+    "last round's. Seen: plain accuracy; All, AU, LU, GU: Hungarian-matched (docs/fedossl.md).",
 ]
 
 
