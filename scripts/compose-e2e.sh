@@ -60,14 +60,27 @@ server_compose() {
     "${COMPOSE[@]}" -p "$SERVER_PROJECT" -f "$REPO/docker-compose.yml" --profile local-nodes "$@"
 }
 
-# Teardown: every container and the network of both compose projects, found by label.
-teardown() {
+# remove_projects PROJECT...: every container and the network of each, found by label.
+remove_projects() {
   local project ids
-  for project in "$SERVER_PROJECT" "$EDGE_PROJECT"; do
+  for project in "$@"; do
     ids=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
     [ -z "$ids" ] || docker rm -f $ids >/dev/null
     docker network rm "${project}_default" >/dev/null 2>&1 || true
   done
+}
+teardown() { remove_projects "$SERVER_PROJECT" "$EDGE_PROJECT"; }
+# The projects of earlier runs killed before their teardown (SIGKILL skips the trap): their
+# containers come back whenever the engine starts (restart: unless-stopped) and take CPU.
+# A project is stale when the process whose PID it carries is gone.
+stale_projects() {
+  local project
+  docker ps -a --format '{{.Label "com.docker.compose.project"}}' | sort -u |
+    while read -r project; do
+      if [[ $project =~ ^ssfl-e2e-(server|edge)-([0-9]+)$ ]] && [ ! -d "/proc/${BASH_REMATCH[2]}" ]; then
+        echo "$project"
+      fi
+    done
 }
 # On exit: the containers' last log lines on failure, teardown, the simulation, the work folder.
 cleanup() {
@@ -86,6 +99,11 @@ cleanup() {
   rm -rf "$WORK"
   exit "$rc"
 }
+STALE=$(stale_projects)
+if [ -n "$STALE" ]; then
+  say "removing the containers of killed earlier runs: $(echo $STALE)"
+  remove_projects $STALE
+fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ssfl-compose-e2e.XXXXXX")
 trap cleanup EXIT
 
