@@ -83,9 +83,16 @@ stale_projects() {
     done
 }
 # On exit: the containers' last log lines on failure, teardown, the simulation, the work folder.
+# Every step is tried whatever an earlier one returns (errexit off: a killed simulation's wait
+# returns 143, which used to end the cleanup before its teardown). On SIGTERM or SIGINT bash
+# runs this at once and then dies of the signal.
 cleanup() {
   local rc=$?
-  [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null && wait "$SIM_PID" 2>/dev/null
+  set +e
+  if [ -n "$SIM_PID" ]; then
+    kill "$SIM_PID" 2>/dev/null
+    wait "$SIM_PID" 2>/dev/null
+  fi
   if [ "$rc" != 0 ]; then
     say "failed; last lines of each container's log:"
     for project in "$SERVER_PROJECT" "$EDGE_PROJECT"; do
