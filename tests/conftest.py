@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from tasks.train import keep_freed_memory
 
@@ -33,6 +35,17 @@ def split_cache(tmp_path_factory) -> Path:
         del os.environ["SSFL_CACHE_DIR"]
     else:
         os.environ["SSFL_CACHE_DIR"] = before
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for a module of tiny in-process runs: tiny models train fastest on
+    one thread, and with two threads on a busy 2-core machine a run of three seconds took
+    seventy (its threads wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

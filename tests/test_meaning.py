@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS, settings_of
@@ -25,6 +24,8 @@ from tasks.partition import get_split
 from tasks.settings import Range, keys_of, rules_of
 from tests.conftest import ROOT
 from tests.harness import InProcessGrid, everyday_sample, run_cli, run_method
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROBES: tuple[Any, ...] = (-1, 0, 10**12, 1e12, math.nan, "x")
 
@@ -195,15 +196,6 @@ def accepted_cases() -> list[tuple[str, str, Any]]:
                 resolved = json.dumps(resolve_config(raw), sort_keys=True)
                 cases.setdefault(resolved, (name, key, probe))
     return list(cases.values())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models train fastest on one thread (and ten times faster on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager

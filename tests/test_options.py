@@ -20,6 +20,8 @@ from tasks.config import CHOICES, ConfigError, deep_merge, flatten
 from tasks.settings import choices_of
 from tests.harness import InProcessGrid, everyday_sample, run_method
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # A bootstrapped model confident enough for pseudo-labels, thresholds and complementary
 # labels to be non-empty; three clients so that groups and helpers can vary.
 TINY: dict[str, Any] = {
