@@ -35,6 +35,8 @@ TEMP_PREFIX = "ssfl-"
 # ended (the watchdog), after Ctrl-C or SIGTERM (the user is waiting), and otherwise.
 TERM_GRACE_S = 3.0
 KILL_SWEEP_S = 10.0  # how long the watchdog keeps killing what a dying run still starts
+# Flower's processes that run the ServerApp (see ``end_processes``)
+SERVER_APP_COMMANDS = ("flwr-simulation", "flwr-serverapp")
 QUIET_SCANS = 5  # scans in a row (0.1 s apart) that find none of the run's processes: done
 INTERRUPTED_GRACE_S = 1.0
 STOP_GRACE_S = 10.0
@@ -280,9 +282,16 @@ def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWE
     """SIGTERM every process of the run, then SIGKILL those left after ``grace`` seconds,
     sweeping again until QUIET_SCANS scans in a row find none (for up to ``sweep`` seconds):
     a process being ended may still start one (a Ray worker, an actor), and one scan can
-    miss a process whose /proc entry is being rewritten."""
+    miss a process whose /proc entry is being rewritten.
+
+    The processes that run the ServerApp get SIGKILL first: on SIGTERM Flower's simulation
+    ends its main thread while the ServerApp's thread finishes the round in flight, whose
+    clients are being ended, and would record and checkpoint it with every client failed.
+    The last complete round's checkpoint is already written (atomically)."""
     sessions: set[int] = set()
-    signal_all(run_processes(tag, sessions), signal.SIGTERM)
+    pids = run_processes(tag, sessions)
+    signal_all([pid for pid in pids if runs_server_app(pid)], signal.SIGKILL)
+    signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while run_processes(tag, sessions) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -292,6 +301,15 @@ def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWE
         empty_scans = 0 if pids else empty_scans + 1
         signal_all(pids, signal.SIGKILL)
         time.sleep(0.1)
+
+
+def runs_server_app(pid: int) -> bool:
+    """Whether process ``pid`` is one of Flower's ServerApp processes (``flwr-simulation``,
+    ``flwr-serverapp``): a console script, so its name is the first or second argument."""
+    with contextlib.suppress(OSError):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+        return any(Path(os.fsdecode(arg)).name in SERVER_APP_COMMANDS for arg in argv)
+    return False
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:

@@ -29,11 +29,14 @@ from typing import Any, TextIO
 
 import yaml
 
+from ssfl import lifecycle
 from ssfl.lifecycle import (
     owned_temp,
     owned_temp_dir,
     record_interruption,
     run_tag,
+    runs_server_app,
+    signal_all,
     stop_grace,
 )
 from tasks.settings import Settings, mapping
@@ -133,9 +136,14 @@ def stop_processes(
     Flower's SuperLink starts flower-superexec in a session of its own, which starts the
     simulation (and Ray); those only watch their parent and can outlive it while busy, so
     the process groups of all descendants are stopped too, not only the SuperLink's.
+    After Ctrl-C or SIGTERM the ServerApp's processes get SIGKILL first, so that the round
+    in flight is not recorded with its clients failed (see ``end_processes``).
     """
     running = [p for p in processes if p is not None and p.poll() is None]
     groups = [g for p in running for g in (p.pid, *descendant_groups(p.pid))]
+    if lifecycle.interrupted:
+        tree = [pid for p in running for pid in (p.pid, *descendants(p.pid))]
+        signal_all([pid for pid in tree if runs_server_app(pid)], signal.SIGKILL)
     grace = stop_grace() if grace is None else grace
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for group in groups:
@@ -169,16 +177,24 @@ def process_tree() -> dict[int, list[int]]:
     return children
 
 
-def descendant_groups(pid: int) -> list[int]:
-    """The process groups of ``pid``'s descendants other than ``pid``'s own group."""
-    children, todo, groups = process_tree(), [pid], []
+def descendants(pid: int) -> list[int]:
+    """The pids of ``pid``'s descendants."""
+    children, todo, found = process_tree(), [pid], []
     while todo:
         for child in children.get(todo.pop(), []):
             todo.append(child)
-            with contextlib.suppress(ProcessLookupError):
-                group = os.getpgid(child)
-                if group not in (pid, *groups):
-                    groups.append(group)
+            found.append(child)
+    return found
+
+
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of ``pid``'s descendants other than ``pid``'s own group."""
+    groups: list[int] = []
+    for child in descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            group = os.getpgid(child)
+            if group not in (pid, *groups):
+                groups.append(group)
     return groups
 
 

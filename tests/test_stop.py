@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ssfl import runner
+from ssfl import lifecycle, runner
 from ssfl.cli import resume_command
 from ssfl.experiment import resolve_experiment
 from ssfl.lifecycle import (
@@ -28,6 +28,7 @@ from ssfl.lifecycle import (
     owner_line,
     record_interruption,
     remove_stale_folders,
+    runs_server_app,
     stop_signals,
 )
 from ssfl.lifecycle import run_processes as tagged_processes
@@ -513,3 +514,60 @@ def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
     resumed, err = finish(command, exp, out, short_tmp, "--resume")
     assert resumed["status"] == "completed"
     assert without_seconds(resumed["rounds"]) == straight, err
+
+
+@pytest.mark.process
+def test_the_watchdog_kills_the_serverapp_process_before_it_can_record_a_round(tmp_path):
+    """A process named like Flower's simulation that would write a row on SIGTERM (as the
+    ServerApp's thread finishes the round in flight) gets SIGKILL first and writes nothing;
+    the run's other processes still get SIGTERM."""
+    tag = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    row = tmp_path / "row"
+    server = tmp_path / "flwr-simulation"
+    server.write_text(f"trap 'echo round > {row}; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    env = {**os.environ, TAG_VAR: tag}
+    simulation = subprocess.Popen(["bash", str(server)], env=env)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not runs_server_app(simulation.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runs_server_app(simulation.pid) and not runs_server_app(worker.pid)
+        end_processes(tag, grace=2.0, sweep=3.0)
+        assert simulation.wait(timeout=5) == -signal.SIGKILL
+        assert worker.wait(timeout=5) == -signal.SIGTERM
+        time.sleep(0.3)
+        assert not row.exists()
+    finally:
+        for proc in (simulation, worker):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("interrupted", "recorded"), [(True, False), (False, True)])
+def test_a_stop_after_ctrl_c_kills_the_serverapp_first_and_a_normal_stop_terms_it(
+    tmp_path, monkeypatch, interrupted, recorded
+):
+    """After Ctrl-C or SIGTERM (``lifecycle.interrupted``) the command's stop gives a process
+    named like Flower's simulation SIGKILL before it can write the round in flight; a stop at
+    the run's end still gives it SIGTERM, so it finishes what it writes."""
+    monkeypatch.setattr(lifecycle, "interrupted", interrupted)
+    row = tmp_path / "row"
+    server = tmp_path / "flwr-simulation"
+    server.write_text(f"trap 'echo round > {row}; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    shell = subprocess.Popen(["bash", "-c", f"bash {server} & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not any(map(runs_server_app, runner.descendants(shell.pid))):
+            assert time.monotonic() < deadline, "the fake simulation did not start"
+            time.sleep(0.05)
+        (simulation,) = [p for p in runner.descendants(shell.pid) if runs_server_app(p)]
+        runner.stop_processes([shell], grace=2.0)
+        assert not alive(simulation)
+        time.sleep(0.3)
+        assert row.exists() == recorded
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
