@@ -290,7 +290,7 @@ def end_processes(tag: str, grace: float = TERM_GRACE_S, sweep: float = KILL_SWE
     The last complete round's checkpoint is already written (atomically)."""
     sessions: set[int] = set()
     pids = run_processes(tag, sessions)
-    signal_all([pid for pid in pids if runs_server_app(pid)], signal.SIGKILL)
+    kill_server_apps(pids)
     signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while run_processes(tag, sessions) and time.monotonic() < deadline:
@@ -310,6 +310,11 @@ def runs_server_app(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
         return any(Path(os.fsdecode(arg)).name in SERVER_APP_COMMANDS for arg in argv)
     return False
+
+
+def kill_server_apps(pids: list[int]) -> None:
+    """SIGKILL those of ``pids`` that run the ServerApp (see ``end_processes``)."""
+    signal_all([pid for pid in pids if runs_server_app(pid)], signal.SIGKILL)
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:

@@ -31,12 +31,11 @@ import yaml
 
 from ssfl import lifecycle
 from ssfl.lifecycle import (
+    kill_server_apps,
     owned_temp,
     owned_temp_dir,
     record_interruption,
     run_tag,
-    runs_server_app,
-    signal_all,
     stop_grace,
 )
 from tasks.settings import Settings, mapping
@@ -142,8 +141,7 @@ def stop_processes(
     running = [p for p in processes if p is not None and p.poll() is None]
     groups = [g for p in running for g in (p.pid, *descendant_groups(p.pid))]
     if lifecycle.interrupted:
-        tree = [pid for p in running for pid in (p.pid, *descendants(p.pid))]
-        signal_all([pid for pid in tree if runs_server_app(pid)], signal.SIGKILL)
+        kill_server_apps([pid for p in running for pid in (p.pid, *descendants(p.pid))])
     grace = stop_grace() if grace is None else grace
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for group in groups:

@@ -192,16 +192,6 @@ def processes() -> list[tuple[int, int, str]]:
     return found
 
 
-def descendants(pid: int) -> list[int]:
-    table, found, todo = processes(), [], [pid]
-    while todo:
-        parent = todo.pop()
-        children = [p for p, ppid, _ in table if ppid == parent]
-        found += children
-        todo += children
-    return found
-
-
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"

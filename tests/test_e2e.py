@@ -13,13 +13,13 @@ import yaml
 
 from ssfl.cli import main
 from ssfl.registry import METHODS
-from ssfl.runner import APP_PACKAGES, stage_app
+from ssfl.runner import APP_PACKAGES, descendants, stage_app
 from tasks.config import deep_merge
 from tasks.data import dataset_info
 from tasks.models import model_for, without_ssl_heads
 from tasks.settings import ModelSettings
 from tests.conftest import ROOT
-from tests.harness import alive, descendants, processes, ssfl_run
+from tests.harness import alive, processes, ssfl_run
 
 pytestmark = pytest.mark.e2e
 

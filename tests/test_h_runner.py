@@ -20,12 +20,13 @@ from ssfl.runner import (
     RunFailed,
     _copy_lines,
     code_version,
+    descendants,
     federation_config,
     flwr_env,
     run_config_arg,
 )
 from tests.conftest import ROOT
-from tests.harness import alive, descendants
+from tests.harness import alive
 
 
 def test_federation_config_runs_one_supernode_per_client():

@@ -516,15 +516,21 @@ def test_a_sigkilled_cli_leaves_nothing_running_and_resumes(
     assert without_seconds(resumed["rounds"]) == straight, err
 
 
+def stand_in_simulation(folder: Path) -> tuple[Path, Path]:
+    """A script named like Flower's simulation that, as the ServerApp's thread finishing the
+    round in flight would, writes a row when it gets SIGTERM; returns it and the row's path."""
+    row, server = folder / "row", folder / "flwr-simulation"
+    server.write_text(f"trap 'echo round > {row}; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    return server, row
+
+
 @pytest.mark.process
 def test_the_watchdog_kills_the_serverapp_process_before_it_can_record_a_round(tmp_path):
     """A process named like Flower's simulation that would write a row on SIGTERM (as the
     ServerApp's thread finishes the round in flight) gets SIGKILL first and writes nothing;
     the run's other processes still get SIGTERM."""
     tag = f"test-{os.getpid()}-{time.monotonic_ns()}"
-    row = tmp_path / "row"
-    server = tmp_path / "flwr-simulation"
-    server.write_text(f"trap 'echo round > {row}; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    server, row = stand_in_simulation(tmp_path)
     env = {**os.environ, TAG_VAR: tag}
     simulation = subprocess.Popen(["bash", str(server)], env=env)
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
@@ -553,9 +559,7 @@ def test_a_stop_after_ctrl_c_kills_the_serverapp_first_and_a_normal_stop_terms_i
     named like Flower's simulation SIGKILL before it can write the round in flight; a stop at
     the run's end still gives it SIGTERM, so it finishes what it writes."""
     monkeypatch.setattr(lifecycle, "interrupted", interrupted)
-    row = tmp_path / "row"
-    server = tmp_path / "flwr-simulation"
-    server.write_text(f"trap 'echo round > {row}; exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    server, row = stand_in_simulation(tmp_path)
     shell = subprocess.Popen(["bash", "-c", f"bash {server} & wait"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
