@@ -3,7 +3,10 @@
 ``algo.loss: crl`` is the consistency regularization loss (eq. 6): pseudo-label from
 the weak view alpha(x) where max p >= tau, cross-entropy on the strong view A(x)
 (RandAugment n = 2, m = 10 with flip, crop and Cutout). ``algo.loss: selftrain`` is
-traditional self-training (eq. 3): pseudo-label and prediction from the same weak view.
+traditional self-training (eq. 3): pseudo-label and prediction from the same weak view;
+by default (``algo.selftrain_labels: eval``, the official code's ``--ue_loss SF``) the
+pseudo-labels come from a gradient-free pass in eval mode (BatchNorm's running statistics)
+before the training pass, ``train`` reads them off the training pass itself.
 ``algo.distribution_alignment`` (ours, not in the paper) takes the pseudo-labels and their
 confidence from the weak-view probabilities aligned to a uniform class distribution
 (ReMixMatch's distribution alignment, tasks/losses.py), for both losses.
@@ -30,6 +33,15 @@ class PseudoLabelSettings(ConsistencySettings):
         "user loss: `crl` (eq. 6) or `selftrain` (eq. 3)",
         choices=("crl", "selftrain"),
         ref="SSFL benchmark eq. 3, 6",
+    )
+    selftrain_labels: str = setting(
+        "eval",
+        "self-training (eq. 3): the pass the pseudo-labels come from, `eval` (a separate "
+        "gradient-free pass in eval mode, BatchNorm's running statistics: the official code's "
+        "`--ue_loss SF`) or `train` (the training pass's own logits, batch statistics); CRL "
+        "reads them off its training pass (as the official code)",
+        choices=("eval", "train"),
+        ref="SSFL benchmark eq. 3; official code train_LocalSGD.py",
     )
     distribution_alignment: bool = setting(
         False,
@@ -80,10 +92,21 @@ class PseudoLabelClient(ConsistencyClient):
     def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits the pseudo-labels come from, logits the loss trains)."""
         if not self.trains_strong_view(self.algo):
-            logits = self.model(views[0])
-            logits_weak, logits_trained = logits, logits
+            labels = self.eval_logits(views[0]) if self.algo.selftrain_labels == "eval" else None
+            logits_trained = self.model(views[0])
+            logits_weak = logits_trained if labels is None else labels
         else:
             logits_weak, logits_trained = super().logits(views)
         if self.aligner is not None:
             logits_weak = self.aligner(logits_weak)
         return logits_weak, logits_trained
+
+    @torch.no_grad()
+    def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of ``x`` in eval mode (running statistics, no gradient, no statistics
+        update), the model back in train mode after: the official ``--ue_loss SF`` pass."""
+        self.model.eval()
+        try:
+            return self.model(x)
+        finally:
+            self.model.train()

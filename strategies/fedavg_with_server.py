@@ -57,6 +57,12 @@ class FedAvgWithServer(ServerHalf):
                 "config keys 'server.local_steps' and 'client.local_steps': the SSFL methods "
                 "count the communication period T in SGD steps; both must be >= 1"
             )
+        algo = settings.algo
+        if algo.loss != "selftrain" and algo.selftrain_labels != "eval":
+            raise ConfigError(
+                f"config key 'algo.selftrain_labels': applies to algo.loss: selftrain only, "
+                f"not {algo.loss!r} (CRL reads its pseudo-labels off its training pass)"
+            )
 
     @classmethod
     def aggregator(cls, server: ServerSide) -> AverageWithServer:

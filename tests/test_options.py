@@ -115,6 +115,8 @@ TOGETHER: dict[str | tuple[str, str], dict[str, Any]] = {
         "split": {"scenario": "labels_at_client", "client_labeled_per_class": 2},
     },
     "algo.tau_max": {"algo": {"theta": 0.5}},
+    # Eval and train mode differ only with BatchNorm; the key is self-training's.
+    "algo.selftrain_labels": {"algo": {"loss": "selftrain"}, "model": {"norm": "bn"}},
     "client.keep_momentum": {"client": {"momentum": 0.9}},
     "server.keep_momentum": {"server": {"momentum": 0.9}},
     "client.nesterov": {"client": {"momentum": 0.9}},

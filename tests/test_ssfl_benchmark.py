@@ -7,12 +7,14 @@ import dataclasses
 import importlib.util
 import json
 import math
+import types
 
 import numpy as np
 import pytest
 import torch
 
 from client_app.base import MOMENTUM_KEY
+from client_app.pseudo_label import PseudoLabelClient
 from ssfl.experiment import resolve_config, resolve_experiment
 from ssfl.registry import settings_of
 from tasks import aggregate
@@ -303,6 +305,55 @@ def test_selftrain_loss_reads_pseudo_labels_from_label_logits():
     assert float(loss) == pytest.approx(ce / 2, rel=1e-6)
     loss.backward()
     assert logits.grad[1].abs().sum() == 0  # the masked sample gets no gradient
+
+
+def batchnorm_user(selftrain_labels: str) -> types.SimpleNamespace:
+    """A stand-in self-training user whose model is one BatchNorm layer with running
+    statistics mean (1, -1), variance (4, 1), so that eval and train mode differ."""
+    norm = torch.nn.BatchNorm1d(2)
+    norm.running_mean.copy_(torch.tensor([1.0, -1.0]))
+    norm.running_var.copy_(torch.tensor([4.0, 1.0]))
+    algo = types.SimpleNamespace(loss="selftrain", selftrain_labels=selftrain_labels)
+    user = types.SimpleNamespace(model=norm.train(), algo=algo, aligner=None)
+    user.trains_strong_view = PseudoLabelClient.trains_strong_view
+    user.eval_logits = lambda x: PseudoLabelClient.eval_logits(user, x)
+    return user
+
+
+# Batch mean (1, 1), biased variance (1, 1): train mode gives (x - 1) / 1.
+BATCH = torch.tensor([[0.0, 0.0], [2.0, 2.0]])
+TRAIN_MODE = [-1.0, -1.0, 1.0, 1.0]
+
+
+def test_selftrain_labels_eval_come_from_running_statistics_without_a_gradient():
+    user = batchnorm_user("eval")
+    labels, trained = PseudoLabelClient.logits(user, (BATCH,))
+    # eval mode, the official --ue_loss SF pass: (x - (1, -1)) / (2, 1)
+    assert labels.flatten().tolist() == pytest.approx([-0.5, 1.0, 0.5, 3.0], abs=1e-4)
+    assert trained.flatten().tolist() == pytest.approx(TRAIN_MODE, abs=1e-4)
+    assert trained.requires_grad and not labels.requires_grad
+    assert user.model.training  # back in train mode for the step
+    # the statistics moved once (momentum 0.1, unbiased variance 2), by the training pass
+    assert user.model.running_mean.tolist() == pytest.approx([1.0, -0.8])
+    assert user.model.running_var.tolist() == pytest.approx([3.8, 1.1])
+    loss, mask = selftrain_loss(trained, 0.5, labels)
+    assert mask.tolist() == [1.0, 1.0]  # softmax of (-0.5, 1) and (0.5, 3): both >= 0.5
+    ce = -torch.log_softmax(trained.detach(), 1)[:, 1].mean()  # both labelled 1
+    assert float(loss.detach()) == pytest.approx(float(ce))
+    assert float(ce) == pytest.approx(math.log(2.0), abs=1e-4)  # the logits tie
+
+
+def test_selftrain_labels_train_are_the_training_pass_logits():
+    user = batchnorm_user("train")
+    labels, trained = PseudoLabelClient.logits(user, (BATCH,))
+    assert labels is trained
+    assert trained.flatten().tolist() == pytest.approx(TRAIN_MODE, abs=1e-4)
+
+
+def test_selftrain_labels_is_refused_for_crl():
+    with pytest.raises(ConfigError, match=r"'algo\.selftrain_labels': applies to algo\.loss"):
+        resolve_config(ssfl_raw("fedavg_with_server", loss="crl", selftrain_labels="train"))
+    assert resolve_config(ssfl_raw("fedrgd", loss="selftrain", selftrain_labels="train"))
 
 
 def test_distribution_alignment_on_hand_made_probabilities():
