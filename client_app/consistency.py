@@ -75,6 +75,12 @@ class ConsistencyClient(ClientHalf):
         """Whether the loss trains the strong view's logits (else the weak view's)."""
         return True
 
+    @staticmethod
+    def labels_in_eval_mode(algo: Any) -> bool:
+        """Whether the pseudo-labels come from a separate eval-mode pass
+        (``tasks.train.eval_mode_logits``) instead of the training pass."""
+        return False
+
     def view_augments(self, weak, strong) -> tuple:
         """The augmentations whose views of each unlabeled batch :meth:`logits` takes."""
         return (weak, strong) if self.trains_strong_view(self.algo) else (weak,)

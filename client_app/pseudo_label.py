@@ -21,6 +21,7 @@ import torch
 from client_app.consistency import ConsistencyClient, UnlabeledLoss
 from tasks.losses import DistributionAligner, crl_loss, selftrain_loss
 from tasks.settings import MAX_CLIENTS, POSITIVE, ConsistencySettings, again, between, setting
+from tasks.train import eval_mode_logits
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,16 @@ class PseudoLabelClient(ConsistencyClient):
             return lambda weak, trained: selftrain_loss(trained, algo.threshold, weak)
         return lambda weak, trained: crl_loss(weak, trained, algo.threshold)
 
+    @staticmethod
+    def labels_in_eval_mode(algo: PseudoLabelSettings) -> bool:
+        """Self-training with ``selftrain_labels: eval`` (eq. 3 as the official code)."""
+        return algo.loss == "selftrain" and algo.selftrain_labels == "eval"
+
     def logits(self, views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits the pseudo-labels come from, logits the loss trains)."""
         if not self.trains_strong_view(self.algo):
-            labels = self.eval_logits(views[0]) if self.algo.selftrain_labels == "eval" else None
+            eval_pass = self.labels_in_eval_mode(self.algo)
+            labels = eval_mode_logits(self.model, views[0]) if eval_pass else None
             logits_trained = self.model(views[0])
             logits_weak = logits_trained if labels is None else labels
         else:
@@ -100,13 +107,3 @@ class PseudoLabelClient(ConsistencyClient):
         if self.aligner is not None:
             logits_weak = self.aligner(logits_weak)
         return logits_weak, logits_trained
-
-    @torch.no_grad()
-    def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of ``x`` in eval mode (running statistics, no gradient, no statistics
-        update), the model back in train mode after: the official ``--ue_loss SF`` pass."""
-        self.model.eval()
-        try:
-            return self.model(x)
-        finally:
-            self.model.train()

@@ -6,7 +6,9 @@ and strong views
 (``tasks/augment.py``, the experiment's ``augment.weak_shift`` and RandAugment n, m), its
 model (``model``) and its client optimizer (lr, momentum, Nesterov, weight decay). Each
 step takes a labeled batch of B images and an unlabeled batch of mu * B images, in one
-forward pass (FixMatch, Sohn et al. 2020, section 3 and Algorithm 1), and minimises
+forward pass (FixMatch, Sohn et al. 2020, section 3 and Algorithm 1; self-training with
+``algo.selftrain_labels: eval`` reads its pseudo-labels off a gradient-free eval-mode pass
+of the weak view before it, as its users do), and minimises
 L_s + lambda_u L_u; the rate follows FixMatch's cosine decay lr * cos(7 pi k / (16 K)).
 The labeled set is ``labels_per_class`` images per class drawn from the training set,
 the unlabeled set every other training image, the test set the whole test split.
@@ -47,6 +49,7 @@ from tasks.settings import Settings, mapping
 from tasks.train import (
     cosine_warmup_lr,
     derive_seed,
+    eval_mode_logits,
     evaluate,
     keep_freed_memory,
     make_sgd,
@@ -173,6 +176,7 @@ def train_sanity(
     strong = StrongAugment(ds.image_size, ds.flip, ds.channels, n_ops, magnitude, shift).to(device)
     client = method_of(settings.method).client_half()  # its loss, as the clients train it
     u_loss, strong_trained = client.loss_of(algo), client.trains_strong_view(algo)
+    eval_labels = client.labels_in_eval_mode(algo)
     x_loss = labeled_loss_for(algo, ds.num_classes, opts.steps)
     start = time.monotonic()
     with seeded(derive_seed(settings.seed, "sanity", method)) as gen:
@@ -184,17 +188,20 @@ def train_sanity(
             il = random_batch(len(x_l), batch, gen).to(device)
             iu = random_batch(len(x_u), opts.mu * batch, gen).to(device)
             xb = x_u[iu]
+            views = [weak(x_l[il]), weak(xb), strong(xb)]
+            labels = eval_mode_logits(model, views[1]) if eval_labels else None
             model.train()
-            logits = model(torch.cat([weak(x_l[il]), weak(xb), strong(xb)]))
+            logits = model(torch.cat(views))
             logits_x = logits[: len(il)]
             logits_w, logits_s = logits[len(il) :].chunk(2)
             loss_x = x_loss(logits_x, y_l[il], step)
-            loss_u, mask = u_loss(logits_w, logits_s if strong_trained else logits_w)
+            label_logits = logits_w if labels is None else labels
+            loss_u, mask = u_loss(label_logits, logits_s if strong_trained else logits_w)
             loss = loss_x + algo.lambda_u * loss_u
             set_lr(opt, lr)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            right = logits_w.detach().argmax(dim=1) == y_u[iu]
+            right = label_logits.detach().argmax(dim=1) == y_u[iu]
             losses = float(loss_x.detach()), float(loss_u.detach())
             block.add(gradient_norm(model), *losses, mask, right)
             opt.step()

@@ -291,6 +291,18 @@ def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.
     return torch.cat([model(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)])
 
 
+@torch.no_grad()
+def eval_mode_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits of ``x`` in eval mode (BatchNorm's running statistics, no gradient, no
+    statistics update), the model back in train mode after: the SSFL benchmark's official
+    ``--ue_loss SF`` label pass."""
+    model.eval()
+    try:
+        return model(x)
+    finally:
+        model.train()
+
+
 def evaluate(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> tuple[float, float]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import ssfl.sanity
 from ssfl.cli import main
 from ssfl.sanity import SANITY_METHODS, SanityOptions, labeled_indices, run_sanity
 
@@ -63,3 +64,30 @@ def test_the_cli_writes_results(tmp_path, capsys):
     assert (tmp_path / "results.json").exists()
     bad = ["sanity", "crl", "--dataset", "synthetic28", "--out", str(tmp_path), "--steps", "0"]
     assert main(bad) == 2
+
+
+def forward_log(monkeypatch) -> list[tuple[bool, bool, int]]:
+    """(train mode, gradient on, batch size) of every forward of the sanity's model."""
+    calls: list[tuple[bool, bool, int]] = []
+    build = ssfl.sanity.model_for
+
+    def logged(*args, **kwargs):
+        model = build(*args, **kwargs)
+        model.register_forward_hook(
+            lambda m, x, y: calls.append((m.training, torch.is_grad_enabled(), len(x[0])))
+        )
+        return model
+
+    monkeypatch.setattr(ssfl.sanity, "model_for", logged)
+    return calls
+
+
+@pytest.mark.parametrize("labels", ["eval", "train"])
+def test_selftrain_reads_its_labels_off_the_pass_its_users_do(tmp_path, monkeypatch, labels):
+    calls = forward_log(monkeypatch)
+    opts = SanityOptions(steps=3, mu=2, batch_size=8, labels_per_class=5, log_every=3)
+    sets = [*SYNTHETIC, f"algo.selftrain_labels={labels}"]
+    run_sanity("selftrain", "synthetic28", tmp_path, opts, sets)
+    step = [(True, True, 8 + 2 * 16)]  # labeled B + weak and strong views of mu * B
+    label_pass = [(False, False, 16)] if labels == "eval" else []
+    assert calls == (label_pass + step) * 3 + [(False, False, 200)]  # the test set last

@@ -316,7 +316,7 @@ def batchnorm_user(selftrain_labels: str) -> types.SimpleNamespace:
     algo = types.SimpleNamespace(loss="selftrain", selftrain_labels=selftrain_labels)
     user = types.SimpleNamespace(model=norm.train(), algo=algo, aligner=None)
     user.trains_strong_view = PseudoLabelClient.trains_strong_view
-    user.eval_logits = lambda x: PseudoLabelClient.eval_logits(user, x)
+    user.labels_in_eval_mode = PseudoLabelClient.labels_in_eval_mode
     return user
 
 
