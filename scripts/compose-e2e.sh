@@ -12,7 +12,9 @@
 #      SuperLink finds it offline), the last round counts it again.
 # Everything started here is removed at the end. Prints the wall seconds of each step.
 #
-#   bash scripts/compose-e2e.sh
+#   bash scripts/compose-e2e.sh           all of it
+#   bash scripts/compose-e2e.sh --image   only the image (base, wheelhouse, build), then stop
+#                                         (CI builds it beside the in-process tests)
 #
 # Needs root or the docker group, a running Docker engine, debootstrap (for the base image)
 # and the Fashion-MNIST files in $SSFL_DATA_DIR (default ../shared/data, else ./data;
@@ -32,8 +34,13 @@ SIM_PID=""
 say() { echo "compose-e2e: $*"; }
 die() {
   echo "compose-e2e: $1" >&2
-  exit 1
+  exit "${2:-1}"
 }
+case "$*" in
+  "") IMAGE_ONLY=false ;;
+  --image) IMAGE_ONLY=true ;;
+  *) die "unknown arguments '$*' (expected none, or --image)" 2 ;;
+esac
 # step NAME COMMAND...: run it and print its wall time.
 step() {
   local name=$1 start
@@ -153,6 +160,10 @@ build_image() {
   say "image $IMAGE: $(docker run --rm "$IMAGE" python3 --version), flwr $(docker run --rm "$IMAGE" flwr --version | tr -dc '0-9.')"
 }
 step "image build (offline)" build_image
+if $IMAGE_ONLY; then
+  say "$(printf '%-34s %6.1f s' "total (--image: stops here)" "$(echo "$(date +%s.%N) - $TOTAL" | bc)")"
+  exit 0
+fi
 save_image() {
   mkdir -p "$WORK/edge"
   docker save -o "$WORK/edge/ssfl-image.tar" "$IMAGE"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (if needed), lint, and run the tests.
 #   bash scripts/test.sh          the everyday tier (under 5 minutes on a 2-core CPU): every
-#                                 test not marked slow, e2e or process
-#   bash scripts/test.sh --all    every test (what CI runs)
+#                                 test not marked slow, e2e or process, on one pytest worker a
+#                                 core (at most 8; SSFL_TEST_WORKERS sets it, 0: no workers)
+#   bash scripts/test.sh --all    every test (what CI runs), in one process
 # Further arguments go to pytest, e.g. bash scripts/test.sh tests/test_losses.py -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +13,7 @@ if [ "${1:-}" = "--all" ]; then
   shift
   python -m pytest -q "$@"
 else
-  python -m pytest -q -m "not (slow or e2e or process)" "$@"
+  workers=${SSFL_TEST_WORKERS:-$(nproc)}
+  [ "$workers" -le 8 ] || workers=8
+  python -m pytest -q -m "not (slow or e2e or process)" -n "$workers" "$@"
 fi

@@ -53,6 +53,20 @@ def test_compose_e2e_script_runs_the_containers_as_simulation_does():
     assert "round 4 counted it again (clients 2, failures 0)" in proc.stdout
 
 
+def test_an_unknown_argument_is_one_line_and_exit_2():
+    """compose-e2e.sh takes no argument or --image (CI builds the image beside the in-process
+    tests); anything else is refused before it looks for Docker."""
+    proc = subprocess.run(
+        ["bash", "scripts/compose-e2e.sh", "--images"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "compose-e2e: unknown arguments '--images' (expected none, or --image)\n"
+
+
 def script_functions(*names: str) -> str:
     """The named shell functions of compose-e2e.sh, as source to run against a fake docker."""
     script = (ROOT / "scripts" / "compose-e2e.sh").read_text()
