@@ -14,6 +14,7 @@ if [ "${1:-}" = "--all" ]; then
   python -m pytest -q "$@"
 else
   workers=${SSFL_TEST_WORKERS:-$(nproc)}
+  [[ $workers =~ ^[0-9]+$ ]] || { echo "test.sh: SSFL_TEST_WORKERS=$workers: expected a whole number (0: no workers)" >&2; exit 2; }
   [ "$workers" -le 8 ] || workers=8
   python -m pytest -q -m "not (slow or e2e or process)" -n "$workers" "$@"
 fi

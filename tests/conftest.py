@@ -18,7 +18,7 @@ keep_freed_memory()  # as every training process of the app does
 
 def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker trains on one torch thread: the workers fill the cores between
-    them, and two threads each on a 2-core machine made a 11 s test take 41 s."""
+    them, and two threads each on a 2-core machine made an 11 s test take 41 s."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
 
