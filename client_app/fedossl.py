@@ -140,16 +140,18 @@ class FedoSSLSettings(RandAugmentSettings):
         rule=POSITIVE,
         ref="FedoSSL eq. 8-9",
     )
-    cluster_from_epoch: float = setting(
-        25.0,
-        "L_cluster from the first round preceded by this many local epochs of training, "
-        "(round - 1) x client.epochs (code: `global_round > 4` with E = 5, the 6th round)",
-        rule=between(0, MAX_EPOCHS * MAX_ROUNDS),
+    cluster_from_round: int = setting(
+        6,
+        "L_cluster from this round on, whatever client.epochs is (code: `global_round > 4`, "
+        "rounds counted from 0: the 6th round; Algorithm 1 has no gate: 1)",
+        rule=between(1, MAX_ROUNDS),
+        ref="FedoSSL Algorithm 1",
     )
-    ce_from_epoch: float = setting(
-        35.0,
-        "L_ce likewise (code: `global_round > 6` with E = 5, the 8th round)",
-        rule=between(0, MAX_EPOCHS * MAX_ROUNDS),
+    ce_from_round: int = setting(
+        8,
+        "L_ce from this round on (code: `global_round > 6`: the 8th round)",
+        rule=between(1, MAX_ROUNDS),
+        ref="FedoSSL Algorithm 1",
     )
     local_centroids: int = setting(
         32,
@@ -174,12 +176,21 @@ class FedoSSLSettings(RandAugmentSettings):
         "models/resnet_s.py; SemiFL*'s too)",
         rule=between(0, MAX_STEPS),
     )
+    local_sinkhorn_iters: int = setting(
+        10,
+        "Sinkhorn-Knopp rounds of each k-means assignment (code: `sknopp(..., max_iters=10)` "
+        "in local_clustering); members are hard, each row to its largest weight (code)",
+        rule=between(1, MAX_STEPS),
+    )
     sinkhorn_sharpness: float = setting(25.0, "Sinkhorn's lambda (code: 25)", rule=POSITIVE)
     server_cluster_steps: int = setting(
         500, "SGD steps refining the global centroids (code: 500)", rule=between(0, MAX_STEPS)
     )
     server_cluster_lr: float = setting(
         0.01, "their rate (code: lr 0.01, momentum 0.9)", rule=POSITIVE
+    )
+    server_cluster_weight_decay: float = setting(
+        1e-4, "their SGD weight decay (code: 1e-4)", rule=NON_NEGATIVE
     )
     weighted_average: bool = setting(
         True,
@@ -413,9 +424,8 @@ class FedoSSLClient(ClientHalf):
         l_ce, l_cluster = zero, zero
         m = start.centroids
         if m is not None:
-            epochs = self.epochs_before_round()
-            w_ce = a.ce_weight * (epochs >= a.ce_from_epoch)
-            w_cl = a.cluster_weight * (epochs >= a.cluster_from_epoch)
+            w_ce = a.ce_weight * (self.round >= a.ce_from_round)
+            w_cl = a.cluster_weight * (self.round >= a.cluster_from_round)
             if w_ce or w_cl:
                 temp = a.centroid_temperature
                 q1 = centroid_assignment(z1, m, temp)
@@ -423,21 +433,13 @@ class FedoSSLClient(ClientHalf):
                 rows = slice(None)
                 if a.cluster_rows == "unlabeled":
                     rows, pair = slice(nl, None), pair_indices(z1[nl:], yl[:0], 0)
-                l_cal, l_ce, l_cluster = calibration_loss(
+                l_cal, ce, cluster = calibration_loss(
                     l1[nl:], q1[nl:], q1[rows], q2[rows], pair, a.calibration_threshold, w_ce, w_cl
                 )
                 loss = loss + a.gamma * l_cal
+                l_ce = ce if w_ce else zero  # a term logs 0 while its gate is shut
+                l_cluster = cluster if w_cl else zero
         return loss, [loss, l_s, l_u, r, l_ce, l_cluster]
-
-    def epochs_before_round(self) -> float:
-        """Local epochs of training before this round, the clock of the calibration gates:
-        (round - 1) x client.epochs, or with client.local_steps T, T unlabeled batches a
-        round in epochs of the client's unlabeled data."""
-        half = self.settings.client
-        per_round = float(half.epochs)
-        if half.local_steps:
-            per_round = half.local_steps * self.batch_sizes()[1] / max(len(self.data.x), 1)
-        return (self.round - 1) * per_round
 
     def nach_loss(
         self, xl: torch.Tensor, yl: torch.Tensor, xu: torch.Tensor, start: RoundStart
@@ -537,7 +539,12 @@ class FedoSSLClient(ClientHalf):
         pick = torch.randperm(len(x), generator=self.generator)[: a.centroid_samples]
         z, _ = predict(self.model, x[pick.to(x.device)], a.logit_scale, 1024)
         local = balanced_kmeans(
-            z, a.local_centroids, a.kmeans_iters, a.sinkhorn_sharpness, self.generator
+            z,
+            a.local_centroids,
+            a.kmeans_iters,
+            a.sinkhorn_sharpness,
+            self.generator,
+            a.local_sinkhorn_iters,
         )
         zl, _ = predict(self.model, d.labeled_x, a.logit_scale, 1024)
         zl = F.normalize(zl, dim=1)

@@ -50,9 +50,9 @@ class FedSupSettings(RandAugmentSettings):
         ref="FedSup 4.1.1",
     )
     mse_horizon: int = setting(
-        100,
-        "T of lambda_s^(t/T): the paper's 100 CIFAR-10 rounds, so a shorter run follows the "
-        "paper's first rounds of the fade; 0 = the run's own rounds",
+        0,
+        "T of lambda_s^(t/T): 0 = the run's own rounds (4.1.1: T is the total rounds); 100 "
+        "= the paper's CIFAR-10 run, so a shorter run follows its first rounds of the fade",
         rule=between(0, MAX_ROUNDS),
         ref="FedSup 4.1.1, 5.1",
     )
@@ -105,7 +105,7 @@ class FedSupClient(ClientHalf):
             target = ssl_outputs(teacher, torch.cat([x, x_aug]))
         p_raw, p_aug = online.prediction.chunk(2)
         t_raw, t_aug = target.embedding.chunk(2)
-        l_con = symmetric_negative_cosine(p_aug, p_raw, t_raw, t_aug)
+        l_con = symmetric_negative_cosine(p_aug, p_raw, t_aug, t_raw)
         l_mse = layerwise_mse(
             [m[:n] for m in online.maps[first:]], [m[:n] for m in target.maps[first:]], blocks
         )

@@ -296,6 +296,7 @@ FEDOSSL_ROWS = {
     "SemiFL*": "semifl.yaml",
     "FedoSSL with R_i": "fedossl_with_r.yaml",
     "FedoSSL w/o L_ce": "fedossl_no_ce.yaml",
+    "FedoSSL w/o L_cluster": "fedossl_no_cluster.yaml",
     "FedoSSL": "fedossl.yaml",
 }
 FEDOSSL_PAPER = {  # All, Seen, LU, GU, AU (Table 2; Cen-O and Local-O report no LU / GU)

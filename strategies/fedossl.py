@@ -110,6 +110,7 @@ class GlobalCentroids:
             lr=a.server_cluster_lr,
             temperature=a.centroid_temperature,
             sharpness=a.sinkhorn_sharpness,
+            weight_decay=a.server_cluster_weight_decay,
         )
         sums, counts = sum(stacked("seen_sums")), sum(stacked("seen_counts"))
         present = counts > 0

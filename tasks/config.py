@@ -40,6 +40,12 @@ CHOICES: dict[str, tuple[str, ...]] = choices_of(Settings)
 # Every numeric key of DEFAULTS and the range its meaning allows (a method's own keys:
 # its algo class's declarations). Every float must also be finite.
 RULES: dict[str, Range] = rules_of(Settings)
+# Keys that are gone, with what replaced them: a config that still sets one is told so.
+RETIRED: dict[str, str] = {
+    "algo.cluster_from_epoch": "use algo.cluster_from_round (FedoSSL's gates count rounds, "
+    "as the official code: 6 = its 6th round)",
+    "algo.ce_from_epoch": "use algo.ce_from_round (the official code's 8th round: 8)",
+}
 
 
 def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -149,6 +155,8 @@ def _validate(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -
     out: dict[str, Any] = {}
     for key, value in node.items():
         full = f"{prefix}{key}"
+        if key not in schema and full in RETIRED:
+            raise ConfigError(f"config key '{full}' was removed: {RETIRED[full]}")
         if key not in schema:
             allowed = ", ".join(sorted(schema)) or "(none)"
             raise ConfigError(

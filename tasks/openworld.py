@@ -70,21 +70,32 @@ def sinkhorn(scores: Tensor, iters: int = 3, tol: float = 0.0) -> Tensor:
 
 
 def balanced_kmeans(
-    x: Tensor, k: int, iters: int = 5, sharpness: float = 25.0, generator=None
+    x: Tensor,
+    k: int,
+    iters: int = 5,
+    sharpness: float = 25.0,
+    generator=None,
+    sinkhorn_iters: int = 10,
 ) -> Tensor:
     """k unit-norm centroids of the rows of ``x`` by Sinkhorn-balanced spherical k-means.
 
-    The local-centroid step of Fig. 1 (1): centroids start at k random rows; each of
-    ``iters`` rounds assigns rows by Sinkhorn-Knopp on ``sharpness`` * cosine (equal-size
-    clusters) and moves each centroid to the normalised mean of its soft members. Official
-    code: models/resnet_s.py (5 iterations, lambda 25).
+    The local-centroid step of Fig. 1 (1), as the official code's ``local_clustering``
+    (models/resnet_s.py): centroids start at k random rows; each of ``iters`` rounds assigns
+    every row to its column of largest Sinkhorn-Knopp weight (``sinkhorn_iters`` rounds on
+    ``sharpness`` * cosine: near-equal clusters) and moves each centroid to the normalised
+    mean of its hard members; a centroid without members takes a random row. The random
+    rows are drawn every round, used or not, so that no value is read back to the host.
     """
     x = F.normalize(x, dim=1)
     start = torch.randperm(len(x), generator=generator)[:k].to(x.device)
     centroids = x[start]
     for _ in range(iters):
-        assignment = sinkhorn(sharpness * x @ centroids.T)
-        centroids = F.normalize(assignment.T @ x, dim=1)
+        assignment = sinkhorn(sharpness * x @ centroids.T, iters=sinkhorn_iters)
+        members = F.one_hot(assignment.argmax(1), k).to(x.dtype)
+        sums = members.T @ x
+        spare = x[torch.randint(len(x), (k,), generator=generator).to(x.device)]
+        empty = members.sum(0)[:, None] == 0
+        centroids = F.normalize(torch.where(empty, spare, sums), dim=1)
     return centroids
 
 
@@ -95,16 +106,18 @@ def cluster_global_centroids(
     lr: float = 0.01,
     temperature: float = 0.1,
     sharpness: float = 25.0,
+    weight_decay: float = 1e-4,
 ) -> Tensor:
     """Server step (4) of Fig. 1: the global centroids m (C x d) refined on all local ones.
 
-    ``steps`` SGD steps (momentum 0.9) on -cos(SK(m . Z^), softmax(m . Z^ / T)) with Z^ the
-    normalised local centroids, Sinkhorn to error < 1e-2 (at most 100 iterations), rows of
-    m renormalised after each step (official code, fedossl_cifar.py server part).
+    ``steps`` SGD steps (momentum 0.9, ``weight_decay``: the code's 1e-4) on
+    -cos(SK(m . Z^), softmax(m . Z^ / T)) with Z^ the normalised local centroids, Sinkhorn
+    to error < 1e-2 (at most 100 iterations), rows of m renormalised after each step
+    (official code, models/resnet_s.py global_clustering).
     """
     m = F.normalize(centroids.detach().clone(), dim=1).requires_grad_(True)
     z = F.normalize(local.detach(), dim=1)
-    opt = torch.optim.SGD([m], lr=lr, momentum=0.9)
+    opt = torch.optim.SGD([m], lr=lr, momentum=0.9, weight_decay=weight_decay)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # (C x d) matrices: threads only add synchronisation
     try:

@@ -122,8 +122,8 @@ METHOD_SETTINGS: dict[str, dict] = {
         "split": {"labeled_per_class": 0, "val_size": 0, "samples_per_class": 8},
         "server": {"bootstrap_epochs": 0, "epochs": 0, "batch_size": 32},
         "algo": {
-            "cluster_from_epoch": 0,
-            "ce_from_epoch": 0,
+            "cluster_from_round": 1,
+            "ce_from_round": 1,
             "calibration_threshold": 0.3,
             "local_centroids": 4,
             "centroid_samples": 8,

@@ -52,7 +52,7 @@ OPEN_WORLD = {
     "split": {"scenario": "open_world", "labeled_per_class": 0, "samples_per_class": 60},
     "server": {},
     "client": {"batch_size": 64},
-    "algo": {"cluster_from_epoch": 1, "ce_from_epoch": 1, "local_centroids": 8},
+    "algo": {"cluster_from_round": 2, "ce_from_round": 2, "local_centroids": 8},
 }
 
 

@@ -31,8 +31,8 @@ BASE = {
     "federation": {"clients_per_round": 3},
     "client": {"batch_size": 64, "lr": 0.05},
     "algo": {
-        "cluster_from_epoch": 0,
-        "ce_from_epoch": 0,
+        "cluster_from_round": 1,
+        "ce_from_round": 1,
         "calibration_threshold": 0.2,
         "local_centroids": 8,
         "server_cluster_steps": 20,
@@ -80,14 +80,29 @@ def test_centroids_travel_only_with_the_calibration_module_and_are_counted():
 
 
 @pytest.mark.slow
-def test_calibration_starts_on_the_clock_of_local_epochs():
-    # E = 1: one epoch precedes round 2, two precede round 3.
+@pytest.mark.parametrize("epochs", [1, 5])
+def test_calibration_gates_open_on_the_same_round_whatever_the_local_epochs(epochs):
+    """The code's gates count rounds (`global_round > 4` / `> 6`), not local epochs: here
+    L_cluster from round 2 and L_ce from round 3, at E = 1 and at E = 5."""
     rows, _ = run(
-        rounds=3, client={"epochs": 1}, algo={"cluster_from_epoch": 1, "ce_from_epoch": 2}
+        rounds=3,
+        client={"epochs": epochs},
+        algo={"cluster_from_round": 2, "ce_from_round": 3, "calibration_threshold": 0.0},
     )
-    assert rows[0]["cluster_loss"] == 0.0 and rows[1]["cluster_loss"] > 0.0
-    assert rows[1]["ce_loss"] == 0.0
+    assert [r["cluster_loss"] > 0.0 for r in rows] == [False, True, True]
+    assert [r["ce_loss"] > 0.0 for r in rows] == [False, False, True]
     assert "q_agree_seen" in rows[0]  # the diagnostic reads m from round 1 on
+
+
+@pytest.mark.parametrize("key", ["cluster_from_epoch", "ce_from_epoch"])
+def test_the_retired_epoch_gates_name_their_round_keys(key):
+    with pytest.raises(ConfigError, match=rf"'algo\.{key}' was removed: use algo\.\w+_from_round"):
+        resolve_config({"method": "fedossl", "algo": {key: 25}})
+
+
+def test_the_gates_default_to_the_codes_sixth_and_eighth_rounds():
+    algo = resolve_config({"method": "fedossl"})["algo"]
+    assert (algo["cluster_from_round"], algo["ce_from_round"]) == (6, 8)
 
 
 @pytest.mark.slow

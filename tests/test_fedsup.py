@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
+import client_app.fedsup as fedsup_client
 from ssfl.experiment import resolve_config
 from strategies.parts import numpy_state
 from tasks.config import deep_merge
-from tasks.models import classifier_keys
+from tasks.models import SSLOutputs, classifier_keys
 from tests.harness import InProcessGrid, build_strategy, run_method
 
 HEADS = {"projector_dim": 128, "predictor_dim": 16}
@@ -89,8 +94,30 @@ def test_the_mse_weight_decays_as_lambda_s_to_the_round_over_the_horizon():
     assert [r["mse_weight"] for r in rows] == pytest.approx([10**-0.5, 1e-1])
 
 
-def test_the_mse_horizon_is_the_papers_100_rounds_by_default():
-    assert resolve_config({"method": "fedsup"})["algo"]["mse_horizon"] == 100
+def test_the_mse_horizon_is_the_runs_rounds_by_default():
+    """4.1.1: lambda_s^(t/T), T the total number of rounds."""
+    assert resolve_config({"method": "fedsup"})["algo"]["mse_horizon"] == 0
+
+
+def test_the_consistency_loss_crosses_the_views(monkeypatch):
+    """L_Con (4.1.1, eq. 3.6 form): the online prediction of A(x) against f_Server's output
+    on x, and the prediction of x against its output on A(x), never the same view."""
+    p_raw, p_aug = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    t_raw, t_aug = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]])
+    online, teacher = object(), object()
+
+    def outputs(model, x):
+        if model is online:
+            return SSLOutputs([], p_raw, None, torch.cat([p_raw, p_aug]))
+        return SSLOutputs([], torch.cat([t_raw, t_aug]), None, None)
+
+    monkeypatch.setattr(fedsup_client, "ssl_outputs", outputs)
+    algo = SimpleNamespace(first_block=0, feature_blocks=0, consistency_weight=1.0)
+    half = SimpleNamespace(algo=algo, model=online)
+    x = torch.zeros(1, 1, 2, 2)
+    _, l_con, _ = fedsup_client.FedSupClient.step_loss(half, teacher, x, x, 0.0)
+    crossed = 0.5 * (0.0 - 1 / math.sqrt(2))  # D(p_aug, t_raw) = 0, D(p_raw, t_aug) = -cos 45
+    assert float(l_con) == pytest.approx(crossed)  # same views would give -0.8536
 
 
 @pytest.mark.parametrize(

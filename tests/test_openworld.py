@@ -123,6 +123,34 @@ def test_balanced_kmeans_finds_two_well_separated_groups():
     torch.testing.assert_close(c.norm(dim=1), torch.ones(2))
 
 
+def test_balanced_kmeans_moves_each_centroid_to_the_mean_of_its_hard_members():
+    """The official code's local_clustering: argmax members, no soft pull from the other
+    group (soft members would tilt each centroid towards the other group)."""
+    x = torch.tensor([[1.0, 0.0], [1.0, 0.2], [0.0, 1.0], [0.2, 1.0]])
+    xn = torch.nn.functional.normalize(x, dim=1)
+    c = balanced_kmeans(x, 2, iters=3, generator=torch.Generator().manual_seed(0))
+    group_a = torch.nn.functional.normalize(xn[:2].mean(0), dim=0)
+    group_b = torch.nn.functional.normalize(xn[2:].mean(0), dim=0)
+    first_is_a = bool(c[0, 0] > c[0, 1])
+    expected = torch.stack([group_a, group_b] if first_is_a else [group_b, group_a])
+    torch.testing.assert_close(c, expected)
+
+
+def test_balanced_kmeans_gives_an_empty_cluster_a_row_not_nan():
+    x = torch.tensor([[3.0, 4.0]]).repeat(5, 1)  # one point: every member goes to column 0
+    c = balanced_kmeans(x, 3, iters=2, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(c, torch.tensor([[0.6, 0.8]]).repeat(3, 1))
+
+
+def test_global_centroid_weight_decay_shrinks_the_step_before_renormalising():
+    local = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    start = torch.tensor([[0.8, 0.6], [0.6, 0.8]])
+    plain = cluster_global_centroids(start, local, steps=1, lr=0.5, weight_decay=0.0)
+    decayed = cluster_global_centroids(start, local, steps=1, lr=0.5, weight_decay=0.5)
+    torch.testing.assert_close(decayed.norm(dim=1), torch.ones(2))
+    assert not torch.allclose(plain, decayed)  # the decay enters the step (code: 1e-4)
+
+
 def test_global_centroids_move_onto_the_local_ones_and_stay_unit_norm():
     local = torch.tensor([[1.0, 0.0], [0.95, 0.05], [0.0, 1.0], [0.05, 0.95]])
     start = torch.tensor([[0.8, 0.6], [0.6, 0.8]])

@@ -70,8 +70,8 @@ SETTING: dict[str, dict[str, Any]] = {
         },
         "server": {"bootstrap_epochs": 0, "epochs": 0, "batch_size": 32, "lr": 0.01},
         "algo": {
-            "cluster_from_epoch": 0,
-            "ce_from_epoch": 0,
+            "cluster_from_round": 1,
+            "ce_from_round": 1,
             "calibration_threshold": 0.3,
             "local_centroids": 4,
             "centroid_samples": 16,
