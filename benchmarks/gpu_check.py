@@ -45,7 +45,6 @@ METHOD_SETTINGS: dict[str, dict[str, Any]] = {
     "fedavg_with_server": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 2}},
     "fedossl": {
         "split": {"labeled_per_class": 0, "val_size": 0, "samples_per_class": 8},
-        "server": {"bootstrap_epochs": 0, "epochs": 0},
         "algo": {
             "cluster_from_round": 1,
             "ce_from_round": 1,
@@ -56,6 +55,8 @@ METHOD_SETTINGS: dict[str, dict[str, Any]] = {
     },
 }
 STEP_METHODS = ("fedrgd", "fedavg_with_server")
+# Sections a method refuses to have set (FedoSSL's server does not train: no server keys).
+WITHOUT: dict[str, tuple[str, ...]] = {"fedossl": ("server",)}
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,8 @@ def tiny_experiment(method: str, ctx: Context) -> dict[str, Any]:
     }
     for key, values in METHOD_SETTINGS.get(method, {}).items():
         raw[key] = {**raw.get(key, {}), **values}
+    for key in WITHOUT.get(method, ()):
+        raw.pop(key)
     return raw
 
 

@@ -1,13 +1,23 @@
 """ClientApp: dispatches each TRAIN message to the method's client half; the node's
-context.state is persisted per round (client_app/state.py)."""
+context.state is persisted per round (client_app/state.py).
+
+A cohort message (simulation.execution: cohort, ssfl/cohort.py) carries several clients:
+the node, a worker, trains them one after another, each with its own seeds, data, state
+(kept in the worker's context.state under the client's prefix, persisted per partition as
+a client's own) and attack role, and replies for all of them; a client that raises is a
+failure of that client only.
+"""
 
 from __future__ import annotations
+
+import traceback
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
 from client_app.state import restore_state, save_state, state_folder
+from ssfl import cohort
 from ssfl.registry import method, settings_of
 from tasks.train import keep_freed_memory
 
@@ -27,19 +37,59 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training of the method named in the round's config."""
+    """Local training of the method named in the round's config (of each client of a
+    cohort)."""
     keep_freed_memory()
-    name = settings_of(parse_config(str(msg.content["config"]["ssfl-config"]))).method
+    if cohort.is_cohort(msg.content):
+        return Message(content=train_cohort(msg.content, context), reply_to=msg)
+    node = node_from_config(context.node_config)
+    content = train_client(msg.content, context, context.state, node.partition_id, node.data_path)
+    return Message(content=content, reply_to=msg)
+
+
+def train_client(
+    content: RecordDict, context: Context, state: RecordDict, pid: int, data_path: str = ""
+) -> RecordDict:
+    """One client's round: its state restored when empty, its half's reply, its state kept."""
+    name = settings_of(parse_config(str(content["config"]["ssfl-config"]))).method
     client_class = method(name).client_half()
     if client_class is None:
         raise ValueError(f"method {name!r} has no client half")
-    node = node_from_config(context.node_config)
-    folder = state_folder(context.node_config, context.run_config, node.partition_id)
-    server_round = int(msg.content["config"]["round"])
+    folder = state_folder(context.node_config, context.run_config, pid)
+    server_round = int(content["config"]["round"])
     if folder is not None:
-        restore_state(context.state, folder, server_round)
-    half = client_class(msg.content, context.state, node.partition_id, node.data_path)
-    content = half.reply()
+        restore_state(state, folder, server_round)
+    reply = client_class(content, state, pid, data_path).reply()
     if folder is not None:
-        save_state(context.state, folder, server_round)
-    return Message(content=content, reply_to=msg)
+        save_state(state, folder, server_round)
+    return reply
+
+
+def train_cohort(content: RecordDict, context: Context) -> RecordDict:
+    """Every client of a cohort message, one after another; their replies in one."""
+    contents, _ = cohort.unpack(content)
+    replies: dict[int, RecordDict] = {}
+    errors: dict[int, str] = {}
+    for pid, client_content in contents.items():
+        state = client_state(context.state, pid)
+        try:
+            replies[pid] = train_client(client_content, context, state, pid)
+        except Exception:  # the client fails, its cohort goes on (the server counts it)
+            errors[pid] = traceback.format_exc()
+        keep_client_state(context.state, pid, state)
+    return cohort.pack(replies, errors)
+
+
+def client_state(state: RecordDict, pid: int) -> RecordDict:
+    """Client ``pid``'s part of a worker's context.state (its keys without the prefix)."""
+    prefix = cohort.client_key(pid, "")
+    return RecordDict({k[len(prefix) :]: r for k, r in state.items() if k.startswith(prefix)})
+
+
+def keep_client_state(state: RecordDict, pid: int, own: RecordDict) -> None:
+    """Put client ``pid``'s state back into the worker's context.state."""
+    prefix = cohort.client_key(pid, "")
+    for key in [k for k in state if k.startswith(prefix)]:
+        del state[key]
+    for key, record in own.items():
+        state[prefix + key] = record

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch import nn
 
 from ssfl.registry import settings_of
 from tasks.attack import MODEL_ATTACKS, poisoned
-from tasks.augment import StrongAugment, WeakAugment
+from tasks.augment import strong_augment, weak_augment
 from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import split_key, split_of_key, stream_slice, stream_step
@@ -173,17 +173,49 @@ def streamed(data: ClientData, split: SplitSettings, server_round: int) -> Clien
 
 @functools.lru_cache(maxsize=8)
 def augmenters(
-    image_size: int, flip: bool, channels: int, n: int, m: float, shift: float, device: str
+    image_size: int,
+    flip: bool,
+    channels: int,
+    n: int,
+    m: float,
+    shift: float,
+    device: str,
+    engine: str,
 ):
-    """Weak and strong augmentation modules on the device, built once per process."""
-    strong = StrongAugment(image_size, flip, channels, n, m, shift).to(device)
-    return weak_augmenter(image_size, flip, shift, device), strong
+    """Weak and strong augmentation modules on the device, built once per process
+    (``engine``: ``augment.engine``)."""
+    strong = strong_augment(engine, image_size, flip, channels, n, m, shift).to(device)
+    return weak_augmenter(image_size, flip, shift, device, engine), strong
 
 
 @functools.lru_cache(maxsize=8)
-def weak_augmenter(image_size: int, flip: bool, shift: float, device: str) -> WeakAugment:
+def weak_augmenter(
+    image_size: int, flip: bool, shift: float, device: str, engine: str
+) -> nn.Module:
     """The weak augmentation module on the device, built once per process."""
-    return WeakAugment(image_size, flip, shift).to(device)
+    return weak_augment(engine, image_size, flip, shift).to(device)
+
+
+# Models a process keeps built, by (client half, run config, data shape, device): a
+# simulation actor or cohort worker serves many clients of one run with the same model
+# shape, so each message loads its start model into a resident one instead of building it.
+MODELS_KEPT = 4
+_resident: dict[tuple, nn.Module] = {}
+
+
+def resident_model(key: tuple, build: Callable[[], nn.Module]) -> nn.Module:
+    """The process's model for ``key`` (built by ``build`` the first time), with no
+    gradients and in training mode, as a new one; at most MODELS_KEPT are kept (the oldest
+    is dropped). Its parameters and buffers are the caller's to overwrite (the start model)."""
+    model = _resident.pop(key, None)
+    if model is None:
+        model = build()
+        while len(_resident) >= MODELS_KEPT:
+            _resident.pop(next(iter(_resident)))
+    _resident[key] = model
+    for param in model.parameters():
+        param.grad = None
+    return model.train()
 
 
 class ClientHalf(ABC):
@@ -218,13 +250,20 @@ class ClientHalf(ABC):
             self.settings.split,
             self.round,
         )
-        self.model = self.build_model()
+        self.model = resident_model(self.model_key(), self.build_model)
         self.opt: torch.optim.Optimizer | None = None
         self.load_model()
         self.seed = derive_seed(self.settings.seed, "client", partition_id, self.round)
 
     def build_model(self) -> nn.Module:
         return model_for(self.settings.model, self.data).to(self.device)
+
+    def model_key(self) -> tuple:
+        """What the built model depends on: the half, the run's config, the data's shape
+        and the device (every message of a run shares the first two)."""
+        d = self.data
+        shape = (d.num_classes, d.image_size, d.channels, d.mean, d.std)
+        return (type(self), str(self.config["ssfl-config"]), shape, str(self.device))
 
     def load_model(self) -> None:
         """Start from the server's model (a method with its own payload format overrides this)."""
@@ -287,7 +326,11 @@ class ClientHalf(ABC):
         """The weak view alone (flip + shift)."""
         d = self.data
         return weak_augmenter(
-            d.image_size, d.flip, self.settings.augment.weak_shift, str(self.device)
+            d.image_size,
+            d.flip,
+            self.settings.augment.weak_shift,
+            str(self.device),
+            self.settings.augment.engine,
         )
 
     def augmenters(self) -> tuple[nn.Module, nn.Module]:
@@ -302,6 +345,7 @@ class ClientHalf(ABC):
             algo.randaugment_m,
             self.settings.augment.weak_shift,
             str(self.device),
+            self.settings.augment.engine,
         )
 
     def num_examples(self) -> int:

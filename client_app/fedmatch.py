@@ -25,6 +25,7 @@ from flwr.app import Array, ArrayRecord
 
 from client_app.base import ClientHalf
 from tasks.augment import OfficialRandAugment, RandAugment, augment_grouped
+from tasks.augment_batched import BatchedOfficialRandAugment, BatchedRandAugment
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -129,22 +130,27 @@ STATE_KEY = "fedmatch"
 
 
 @functools.lru_cache(maxsize=4)
-def randaugment(n: int, m: float, channels: int, device: str) -> RandAugment:
+def randaugment(n: int, m: float, channels: int, device: str, engine: str) -> torch.nn.Module:
     """The RandAugment view pi(u) of eq. 2, built once per process."""
-    return RandAugment(n, m, channels).to(device)
+    kind = BatchedRandAugment if engine == "batched" else RandAugment
+    return kind(n, m, channels).to(device)
 
 
 @functools.lru_cache(maxsize=4)
-def official_randaugment(channels: int, device: str) -> OfficialRandAugment:
+def official_randaugment(channels: int, device: str, engine: str) -> torch.nn.Module:
     """pi(u) as the official code draws it (randaug.py, loader.py), built once per process."""
-    return OfficialRandAugment(channels).to(device)
+    kind = BatchedOfficialRandAugment if engine == "batched" else OfficialRandAugment
+    return kind(channels).to(device)
 
 
-def strong_view(algo: FedMatchSettings, channels: int, device: str) -> torch.nn.Module:
-    """The view pi(u) of eq. 2 that ``algo.strong_view`` names."""
+def strong_view(
+    algo: FedMatchSettings, channels: int, device: str, engine: str = "kornia"
+) -> torch.nn.Module:
+    """The view pi(u) of eq. 2 that ``algo.strong_view`` names (``engine``:
+    ``augment.engine``)."""
     if algo.strong_view == "official":
-        return official_randaugment(channels, device)
-    return randaugment(algo.randaugment_n, algo.randaugment_m, channels, device)
+        return official_randaugment(channels, device, engine)
+    return randaugment(algo.randaugment_n, algo.randaugment_m, channels, device, engine)
 
 
 class FedMatchClient(ClientHalf):
@@ -217,7 +223,7 @@ class FedMatchClient(ClientHalf):
         steps = 0
         model.train()
         algo = self.algo
-        view = strong_view(algo, d.channels, str(self.device))
+        view = strong_view(algo, d.channels, str(self.device), self.settings.augment.engine)
         batches = (
             idx.to(d.x.device)
             for _ in range(ccfg.epochs)

@@ -19,6 +19,7 @@ from torch import nn
 from client_app.base import ClientHalf
 from tasks.attack import flipped_labels
 from tasks.augment import RandAugment, augment_grouped
+from tasks.augment_batched import BatchedRandAugment
 from tasks.losses import proximal_term
 from tasks.selfensemble import (
     complementary_labels,
@@ -92,9 +93,11 @@ class FedSEALSettings(RandAugmentSettings):
 
 
 @functools.lru_cache(maxsize=4)
-def paper_view(n: int, m: float, channels: int, device: str) -> RandAugment:
-    """A(.) as FedSEAL 4.2.3 states it, RandAugment(n, m) alone, built once per process."""
-    return RandAugment(n, m, channels).to(device)
+def paper_view(n: int, m: float, channels: int, device: str, engine: str = "kornia") -> nn.Module:
+    """A(.) as FedSEAL 4.2.3 states it, RandAugment(n, m) alone, built once per process
+    (``engine``: ``augment.engine``)."""
+    kind = BatchedRandAugment if engine == "batched" else RandAugment
+    return kind(n, m, channels).to(device)
 
 
 class FedSEALClient(ClientHalf):
@@ -108,7 +111,11 @@ class FedSEALClient(ClientHalf):
         algo = self.algo
         if algo.strong_view == "paper":
             return paper_view(
-                algo.randaugment_n, algo.randaugment_m, self.data.channels, str(self.device)
+                algo.randaugment_n,
+                algo.randaugment_m,
+                self.data.channels,
+                str(self.device),
+                self.settings.augment.engine,
             )
         return self.augmenters()[1]
 

@@ -36,6 +36,7 @@ from ssfl.runner import (
     write_resolved,
 )
 from tasks.checkpoint import CLIENT_STATE_DIR
+from tasks.config import ConfigError
 from tasks.settings import Settings
 
 SUPERLINK = "deploy-local"  # the Flower CLI's name for the SuperLink connection
@@ -224,6 +225,11 @@ def run_deployment(
     RunFailed when the run fails or a process dies. Ctrl-C or SIGTERM: every process is
     stopped, results.json records the interrupted run.
     """
+    if settings.simulation.execution == "cohort":
+        raise ConfigError(
+            "config key 'simulation.execution': cohort is for simulation; a deployed "
+            "SuperNode trains one client (set per_client)"
+        )
     out = Path(out).resolve()
     with record_interruption(out):
         return deploy(settings, out, node_data, stream, app_dir, resume)

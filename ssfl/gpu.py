@@ -10,6 +10,7 @@ clients of a round (at most one GPU each), so that a whole round trains at once.
 from __future__ import annotations
 
 import math
+import os
 
 from tasks.config import ConfigError
 from tasks.settings import Settings
@@ -32,6 +33,26 @@ def clients_a_round(settings: Settings) -> int:
     return settings.federation.clients_per_round or settings.split.num_clients
 
 
+def cohort_workers(settings: Settings, gpus: int, cpus: int | None = None) -> int:
+    """Worker SuperNodes of a cohort simulation: simulation.workers, else two per GPU the
+    clients train on, else one per simulation.num_cpus CPUs; at most the clients."""
+    sim = settings.simulation
+    if sim.workers:
+        return min(sim.workers, settings.split.num_clients)
+    if settings.device != "cpu" and gpus and sim.num_gpus != 0:
+        auto = 2 * gpus
+    else:
+        auto = max(1, (cpus or os.cpu_count() or 1) // sim.num_cpus)
+    return max(1, min(auto, settings.split.num_clients))
+
+
+def simulated_nodes(settings: Settings, gpus: int) -> int:
+    """The simulation's SuperNodes: one a client, or the cohort workers."""
+    if settings.simulation.execution == "cohort":
+        return cohort_workers(settings, gpus)
+    return settings.split.num_clients
+
+
 def auto_share(gpus: int, clients: int) -> float:
     """``gpus`` GPUs divided among ``clients`` actors, at most 1 each, rounded down to
     Ray's resource step (never below one step)."""
@@ -47,6 +68,8 @@ def client_gpu_share(settings: Settings, gpus: int) -> float:
         return share
     if settings.device == "cpu" or gpus == 0:
         return 0.0
+    if settings.simulation.execution == "cohort":
+        return auto_share(gpus, cohort_workers(settings, gpus))
     return auto_share(gpus, clients_a_round(settings))
 
 

@@ -591,15 +591,16 @@ def run_simulation(
 
 
 def federation_config(settings: Settings, gpu_share: float | None = None) -> str:
-    """The simulation's --federation-config: one SuperNode per client and its resources
-    (``gpu_share``: each client actor's GPU share, default simulation.num_gpus's share
-    on this machine, see :mod:`ssfl.gpu`)."""
-    if gpu_share is None:
-        from ssfl.gpu import client_gpu_share, gpu_count
+    """The simulation's --federation-config: one SuperNode per client (cohort: per worker)
+    and its resources (``gpu_share``: each actor's GPU share, default simulation.num_gpus's
+    share on this machine, see :mod:`ssfl.gpu`)."""
+    from ssfl.gpu import client_gpu_share, gpu_count, simulated_nodes
 
-        gpu_share = client_gpu_share(settings, gpu_count())
+    gpus = gpu_count()
+    if gpu_share is None:
+        gpu_share = client_gpu_share(settings, gpus)
     return (
-        f"num-supernodes={settings.split.num_clients} "
+        f"num-supernodes={simulated_nodes(settings, gpus)} "
         f"client-resources-num-cpus={settings.simulation.num_cpus} "
         f"client-resources-num-gpus={float(gpu_share)}"
     )

@@ -44,7 +44,7 @@ from strategies.parts import (
     to_record,
 )
 from tasks.aggregate import weighted_average
-from tasks.augment import StrongAugment
+from tasks.augment import strong_augment
 from tasks.config import ConfigError
 from tasks.data import dataset_info
 from tasks.models import classifier_keys, head_of, model_for
@@ -179,7 +179,8 @@ class SimCLRStart(NoTrainer):
         bf16 autocast when train.amp is bf16)."""
         s, settings = self.server, self.server.settings
         algo, ds = settings.algo, s.dataset
-        augment = StrongAugment(
+        augment = strong_augment(
+            settings.augment.engine,
             ds.image_size,
             ds.flip,
             ds.channels,

@@ -29,7 +29,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from strategies.messaging import exchange, failure_cause, one_line
+from ssfl import cohort
+from ssfl.gpu import cohort_workers, gpu_count
+from strategies.messaging import ClientReply, exchange, failure_cause, one_line
 from strategies.parts import (
     Metrics,
     Parts,
@@ -117,7 +119,12 @@ class RoundLoop(Strategy):
         self.train_config = ConfigRecord()  # start's train_config: every client gets it
         self.evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
         self.stats = RoundStats()  # the current round's counts
-        self.sent_ids: dict[str, int] = {}  # the current round's messages' partitions by id
+        self.sent_ids: dict[str, list[int]] = {}  # the round's messages' partitions by id
+        self.message_pids: dict[int, list[int]] = {}  # the same, by message object
+        self.node_pids: dict[int, list[int]] = {}  # and by the node they went to
+        # simulation.execution: cohort: the worker SuperNodes, in worker order.
+        self.cohort = self.settings.simulation.execution == "cohort"
+        self.workers: list[int] = []
         self.updates: list[Update] = []  # the current round's accepted updates
         self.aggregation_metrics: Metrics = {}  # what the current round's aggregation measured
         self.rows: list[dict[str, Any]] = []  # every round's results row, as on_round got it
@@ -210,21 +217,55 @@ class RoundLoop(Strategy):
         out = []
         sampled = self.sample_partitions(server_round)
         stats.attackers = self.attackers_of(server_round, sampled)
+        contents: dict[int, RecordDict] = {}
         for pid in sampled:
             start = aggregator.start_model(server_round, pid, arrays)
             attacker = pid in stats.attackers
-            content = RecordDict(
+            contents[pid] = RecordDict(
                 {
                     **codec.encode(server_round, pid, start),
                     "config": self.client_config(server_round, pid, config, attacker),
                 }
             )
-            stats.bytes_s2c += record_bytes(content)
-            out.append(
-                Message(
-                    content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[pid]
-                )
-            )
+            stats.bytes_s2c += record_bytes(contents[pid])
+        if self.cohort:
+            batches = cohort.assign(sampled, len(self.workers))
+            out = [
+                self.train_message(cohort.pack({p: contents[p] for p in pids}), node, pids)
+                for node, pids in zip(self.workers, batches)
+                if pids
+            ]
+        else:
+            out = [self.train_message(c, self.nodes[p], [p]) for p, c in contents.items()]
+        return out
+
+    def train_message(self, content: RecordDict, node: int, pids: list[int]) -> Message:
+        """A TRAIN message to ``node`` for the partitions ``pids`` (one, or a cohort)."""
+        message = Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+        self.message_pids[id(message)] = self.node_pids[node] = pids
+        return message
+
+    def client_replies(
+        self, replies: Iterable[Message], sent: Mapping[str, list[int]] | None = None
+    ) -> list[ClientReply]:
+        """Each client's reply, decoded once: a node's own, or each of a cohort's; an error
+        reply is one failure per partition its message carried (``sent``: the partitions of
+        each sent message by id, for error replies the SuperLink makes in a node's place)."""
+        out: list[ClientReply] = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                pids = self.node_pids.get(node) if self.cohort else [self.partition_of(node)]
+                if not pids or pids == [-1]:
+                    pids = (sent or {}).get(reply.metadata.reply_to_message_id)
+                for pid in pids or [-1]:
+                    out.append(ClientReply(pid, node, error=reply.error.reason))
+            elif self.cohort and cohort.is_cohort(reply.content):
+                contents, errors = cohort.unpack(reply.content)
+                out += [ClientReply(pid, node, content=c) for pid, c in contents.items()]
+                out += [ClientReply(pid, node, error=e) for pid, e in errors.items()]
+            else:
+                out.append(ClientReply(self.partition_of(node), node, content=reply.content))
         return out
 
     def accept(
@@ -232,7 +273,7 @@ class RoundLoop(Strategy):
         server_round: int,
         replies: Iterable[Message],
         stats: RoundStats,
-        sent: Mapping[str, int] | None = None,
+        sent: Mapping[str, list[int]] | None = None,
     ) -> list[Update]:
         """Count failed replies and reject malformed ones; the rest as updates sorted by
         partition, their bytes counted (a rejected reply's are not). ``sent``: the partition
@@ -240,21 +281,19 @@ class RoundLoop(Strategy):
         (a node that stopped answering: Flower's NODE_UNAVAILABLE)."""
         updates: list[Update] = []
         global_state = self.server.model.state_dict()
-        for reply in replies:
-            pid = self.partition_of(reply.metadata.src_node_id)
-            if pid < 0 and reply.has_error():
-                pid = (sent or {}).get(reply.metadata.reply_to_message_id, pid)
-            if reply.has_error():
-                stats.fail(pid, reply.error.reason)
-                reason = failure_cause(reply.error.reason)
+        for reply in self.client_replies(replies, sent):
+            pid = reply.pid
+            if reply.error is not None:
+                stats.fail(pid, reply.error)
+                reason = failure_cause(reply.error)
                 log.warning("round %d: client %s failed: %s", server_round, pid, reason)
                 continue
-            problem = self.problem(reply, pid, {u.pid for u in updates}, global_state)
+            problem = self.problem(reply, {u.pid for u in updates}, global_state)
             if problem is not None:
                 stats.reject(pid, problem)
                 log.warning("round %d: reply of client %s rejected: %s", server_round, pid, problem)
                 continue
-            updates.append(Update.of(reply))
+            updates.append(Update.of_content(reply.content))
         updates.sort(key=lambda u: u.pid)
         stats.replies = len(updates)
         self.note_devices(updates)
@@ -272,25 +311,26 @@ class RoundLoop(Strategy):
 
     # ----- Update validation (the reliability issue's rule 2) ---------------------------
     def problem(
-        self, reply: Message, pid: int, accepted: set[int], global_state: dict[str, torch.Tensor]
+        self, reply: ClientReply, accepted: set[int], global_state: dict[str, torch.Tensor]
     ) -> str | None:
         """Why a reply must not reach the aggregate (None: it may): its bookkeeping, then
         its payload as the method's codec reads it."""
         try:
-            return self.bookkeeping_problem(reply, pid, accepted) or self.parts.codec.validate(
-                Update.of(reply), global_state
+            return self.bookkeeping_problem(reply, accepted) or self.parts.codec.validate(
+                Update.of_content(reply.content), global_state
             )
         except Exception as err:  # whatever a malformed reply breaks, it is rejected
             return one_line(f"unreadable ({type(err).__name__}: {err})")
 
-    def bookkeeping_problem(self, reply: Message, pid: int, accepted: set[int]) -> str | None:
-        """The partition id the server mapped to the node, one reply per node, num-examples
-        an integer in [1, the partition's size]."""
+    def bookkeeping_problem(self, reply: ClientReply, accepted: set[int]) -> str | None:
+        """The partition id the server mapped to the node (or its place in a cohort), one
+        reply per client, num-examples an integer in [1, the partition's size]."""
+        pid = reply.pid
         metrics = reply.content.metric_records.get("metrics")
         if metrics is None:
             return "no 'metrics' record"
         if pid < 0:
-            return f"node {reply.metadata.src_node_id} is not one of the run's nodes"
+            return f"node {reply.node} is not one of the run's nodes"
         if pid in accepted:
             return "a second reply from its node"
         reported = metrics.get("partition-id")
@@ -328,6 +368,8 @@ class RoundLoop(Strategy):
         """Ask every node for its partition id (a QUERY round); wait for enough nodes. Nodes
         that report training on their own folder go to ``own_data``."""
         wanted = self.settings.federation.min_clients or self.settings.split.num_clients
+        if self.cohort:
+            wanted = cohort_workers(self.settings, gpu_count())
         deadline = time.monotonic() + timeout
         while len(list(grid.get_node_ids())) < wanted:
             if time.monotonic() > deadline:
@@ -393,6 +435,12 @@ class RoundLoop(Strategy):
         if self.parts.aggregator is not None:
             self.nodes = self.discover(grid, timeout)
             self.node_partitions = {node: pid for pid, node in self.nodes.items()}
+            if self.cohort:
+                self.workers = [self.nodes[i] for i in sorted(self.nodes)]
+                clients = range(self.settings.split.num_clients)
+                self.nodes = {pid: self.workers[pid % len(self.workers)] for pid in clients}
+                self.node_partitions = {}
+                log.info("clients: partitions on %d cohort workers", len(self.workers))
             log.info("clients: partitions %s", sorted(self.nodes))
         self.timeline["nodes_found"] = time.time()
         if self.first_round == 1:
@@ -470,6 +518,7 @@ class RoundLoop(Strategy):
         """One round, counted in ``stats``; returns its results row (without the wall time)."""
         trainer, aggregator, codec = self.parts.trainer, self.parts.aggregator, self.parts.codec
         self.stats, self.sent_ids, self.updates, self.aggregation_metrics = stats, {}, [], {}
+        self.message_pids, self.node_pids = {}, {}
         client_metrics: Metrics = {}
         round_metrics: Metrics = {}
         messages: list[Message] = []
@@ -513,11 +562,12 @@ class RoundLoop(Strategy):
         return rnd % self.settings.eval.every == 0 or rnd == self.settings.rounds
 
     def sent(self, messages: list[Message]) -> set[int]:
-        return {self.partition_of(m.metadata.dst_node_id) for m in messages}
+        """The partitions the round's messages carried."""
+        return {pid for m in messages for pid in self.message_pids.get(id(m), [])}
 
-    def message_partitions(self, messages: list[Message]) -> dict[str, int]:
-        """The partition of each sent message by the id the grid gave it when sending."""
-        return {m.metadata.message_id: self.partition_of(m.metadata.dst_node_id) for m in messages}
+    def message_partitions(self, messages: list[Message]) -> dict[str, list[int]]:
+        """The partitions of each sent message by the id the grid gave it when sending."""
+        return {m.metadata.message_id: self.message_pids.get(id(m), []) for m in messages}
 
 
 def stalled_message(rnd: int, limit: int, stats: RoundStats) -> str:

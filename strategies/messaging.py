@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
+
+
+@dataclass(frozen=True)
+class ClientReply:
+    """One client's reply, decoded once: its records, or the reason it failed. ``node``:
+    the SuperNode that sent it (a cohort's worker sends several)."""
+
+    pid: int
+    node: int
+    content: RecordDict | None = None
+    error: str | None = None
+
 
 # Replies are pulled after a wait of this share of the time already waited, kept within
 # [REPLY_POLL_MIN_S, REPLY_POLL_MAX_S]: a reply is seen at most ~1% of the round late.

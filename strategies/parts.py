@@ -46,7 +46,7 @@ from tasks.aggregate import (
     weight_diversity,
     weighted_average,
 )
-from tasks.augment import WeakAugment
+from tasks.augment import weak_augment
 from tasks.data import Dataset
 from tasks.models import classifier_keys, model_for
 from tasks.partition import Split
@@ -127,10 +127,11 @@ class ServerSide:
         kept = keep_own_buffers(numpy_state(arrays), own, buffers)
         self.model.load_state_dict({k: torch.from_numpy(v) for k, v in kept.items()})
 
-    def weak_augment(self) -> WeakAugment:
-        """The weak view of the server's labeled batches (flip + shift)."""
-        ds = self.dataset
-        return WeakAugment(ds.image_size, ds.flip, self.settings.augment.weak_shift).to(self.device)
+    def weak_augment(self) -> nn.Module:
+        """The weak view of the server's labeled batches (flip + shift; augment.engine's)."""
+        ds, augment = self.dataset, self.settings.augment
+        view = weak_augment(augment.engine, ds.image_size, ds.flip, augment.weak_shift)
+        return view.to(self.device)
 
 
 # ----- Records -------------------------------------------------------------------------
@@ -196,8 +197,13 @@ class Update:
 
     @classmethod
     def of(cls, reply: Message) -> Update:
-        metrics = reply.content["metrics"]
-        return cls(int(metrics["partition-id"]), int(metrics["num-examples"]), reply.content)
+        return cls.of_content(reply.content)
+
+    @classmethod
+    def of_content(cls, content: RecordDict) -> Update:
+        """The update of one client's reply records."""
+        metrics = content["metrics"]
+        return cls(int(metrics["partition-id"]), int(metrics["num-examples"]), content)
 
 
 def mean_metrics(updates: list[Update]) -> Metrics:

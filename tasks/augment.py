@@ -157,6 +157,24 @@ class StrongAugment(nn.Module):
         return self.cutout(self.randaugment(self.weak(x)))
 
 
+def weak_augment(engine: str, image_size: int, flip: bool, shift: float) -> nn.Module:
+    """The weak view of ``augment.engine``: kornia's (this module) or the batched one."""
+    from tasks.augment_batched import BatchedWeakAugment
+
+    kind = BatchedWeakAugment if engine == "batched" else WeakAugment
+    return kind(image_size, flip, shift)
+
+
+def strong_augment(
+    engine: str, image_size: int, flip: bool, channels: int, n: int, m: float, shift: float
+) -> nn.Module:
+    """FixMatch's strong view of ``augment.engine``: kornia's or the batched one."""
+    from tasks.augment_batched import BatchedStrongAugment
+
+    kind = BatchedStrongAugment if engine == "batched" else StrongAugment
+    return kind(image_size, flip, channels, n, m, shift)
+
+
 def augment_grouped(
     x: torch.Tensor,
     batches: Iterable[torch.Tensor],

@@ -68,6 +68,8 @@ MAX_CLIENTS = 100_000
 MAX_IMAGES = 1_000_000  # a generated split; real splits are bounded by the dataset
 MAX_WIDTH = 16_384  # a head's or an SSL projector's width (BYOL: 4096)
 MAX_CPUS = 1_024
+# How a simulation runs a round's clients (simulation.execution).
+EXECUTIONS = ("per_client", "cohort")
 MAX_SEED = 2**32 - 1  # numpy's seed range
 
 
@@ -479,6 +481,20 @@ class SimulationSettings:
         "larger share (fewer clients at once). -1 or in [0, 1]",
         rule=between(-1, 1),
     )
+    execution: str = setting(
+        "per_client",
+        "`per_client`: one simulated SuperNode a client, each message one client's round; "
+        "`cohort`: `workers` SuperNodes, each given the round's start model once and a list "
+        "of clients that it trains one after another with each client's own seeds and state "
+        "(the same numbers; fewer messages). Simulation only: a deployed SuperNode is one client",
+        choices=EXECUTIONS,
+    )
+    workers: int = setting(
+        0,
+        "cohort: worker SuperNodes (0 = auto: one per `num_cpus` CPUs without a GPU, two per "
+        "GPU, at most the clients)",
+        rule=between(0, MAX_CLIENTS),
+    )
 
 
 @dataclass(frozen=True)
@@ -533,6 +549,12 @@ class AugmentSettings:
         "weak view: flip (not for digits) and a shift by up to this fraction of the side "
         "(FixMatch: 0.125)",
         rule=between(0, 0.5),
+    )
+    engine: str = setting(
+        "kornia",
+        "augmentation code: `kornia` (tasks/augment.py, kornia ops on each op's samples) or "
+        "`batched` (tasks/augment_batched.py: the same ops, no device-to-host syncs)",
+        choices=("kornia", "batched"),
     )
 
 

@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
+from benchmarks.gpu_check import CPU, GPU, Context, tiny_experiment
 from benchmarks.gpu_step import significant
+from ssfl.experiment import resolve_config
+from ssfl.registry import METHODS
 from tests.conftest import ROOT
 
 STEPS = ("environment", "methods", "training_step", "round", "cifar")
@@ -20,7 +23,7 @@ STEPS = ("environment", "methods", "training_step", "round", "cifar")
 @pytest.mark.slow
 def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
     out = tmp_path / "check.json"
-    cmd = ["bash", "scripts/gpu-check.sh", "--cpu", "--methods", "fedavg_fixmatch,fedmatch"]
+    cmd = ["bash", "scripts/gpu-check.sh", "--cpu"]  # every registered method
     proc = subprocess.run(
         [*cmd, "--json", str(out)],
         cwd=ROOT,
@@ -36,7 +39,7 @@ def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
     assert all(f"gpu-check: {name}: ok in " in proc.stdout for name in STEPS)
     assert steps["environment"]["torch"] and steps["environment"]["cuda_available"] in (True, False)
     methods = steps["methods"]
-    assert methods["ok"] == methods["of"] == 2 and methods["gpu_share"] == 0.0
+    assert methods["ok"] == methods["of"] == len(METHODS) and methods["gpu_share"] == 0.0
     for run in methods["runs"].values():
         assert run["status"] == "ok" and len(run["round_seconds"]) == 2
         assert run["devices"]["server"] == "cpu"
@@ -62,3 +65,14 @@ def test_a_training_step_case_keeps_its_ratio_at_any_rate(client, bare):
     assert client_rate == pytest.approx(client, rel=1e-3)
     assert bare_rate == pytest.approx(bare, rel=1e-3)
     assert round(client / bare, 3) == pytest.approx(client_rate / bare_rate, rel=0.01)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("sizes", [CPU, GPU], ids=["cpu", "gpu"])
+def test_every_methods_check_experiment_passes_the_methods_own_config_checks(
+    method, sizes, tmp_path
+):
+    """The methods step runs each method's tiny experiment under `ssfl run`; one the method's
+    settings refuse (fedossl's server keys were) fails there after minutes on a GPU box."""
+    ctx = Context(cpu=sizes is CPU, sizes=sizes, work=tmp_path, methods=[])
+    assert resolve_config(tiny_experiment(method, ctx))["method"] == method

@@ -98,6 +98,11 @@ TOGETHER: dict[str | tuple[str, str], dict[str, Any]] = {
     ("fedossl", "algo.flip_suppressed"): _R_ON,
     ("fedossl", "algo.tau"): _R_ON,
     ("fedossl", "algo.kmeans_iters"): _KMEANS_FROM_START,
+    # One Sinkhorn round against two at a low lambda, where the balancing moves members
+    # (ten against twenty rounds at lambda 25 leave TINY's hard clusters as they are).
+    ("fedossl", "algo.local_sinkhorn_iters"): {
+        "algo": {"local_sinkhorn_iters": 1, "kmeans_iters": 1, "sinkhorn_sharpness": 0.5}
+    },
     ("fedossl", "algo.pretrain_batch_size"): _PRETRAIN,
     ("fedossl", "algo.pretrain_lr"): _PRETRAIN,
     ("fedossl", "algo.pretrain_temperature"): _PRETRAIN,

@@ -1,0 +1,185 @@
+"""Cohort execution (simulation.execution: cohort): its wire format, and runs whose rows equal
+the per-client runs' for every method, with kept client state, attacks, streaming splits,
+failing clients and resume."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from client_app import app as client_app
+from ssfl import cohort
+from ssfl.experiment import resolve_config
+from ssfl.gpu import cohort_workers
+from ssfl.registry import METHODS, settings_of
+from ssfl.runner import federation_config
+from tasks.checkpoint import load_checkpoint
+from tasks.config import ConfigError, deep_merge
+from tests.harness import (
+    InProcessGrid,
+    build_strategy,
+    everyday_first,
+    run_method,
+    tiny_raw,
+    without_seconds,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+COHORT = {"simulation": {"execution": "cohort", "workers": 2}}
+
+
+def cohort_raw(raw: dict) -> dict:
+    return deep_merge(raw, COHORT)
+
+
+def rows_of(raw: dict, nodes: int, **grid) -> list[dict]:
+    rows, _ = run_method(raw, InProcessGrid(nodes, **grid))
+    return without_seconds(rows)
+
+
+# ----- The wire format ------------------------------------------------------------------
+def test_a_shared_record_travels_once_and_each_client_gets_it_back():
+    model = ArrayRecord([np.ones(3, dtype="float32")])
+    contents = {
+        4: RecordDict({"arrays": model, "config": ConfigRecord({"round": 1})}),
+        2: RecordDict({"arrays": model, "config": ConfigRecord({"round": 1, "attack": True})}),
+    }
+    packed = cohort.pack(contents)
+    assert [k for k in packed.array_records] == ["c4.arrays"]  # the model once
+    assert packed["cohort-links"]["c2.arrays"] == "c4.arrays"
+    back, errors = cohort.unpack(packed)
+    assert list(back) == [4, 2] and errors == {}
+    assert back[2]["arrays"] is back[4]["arrays"]
+    assert back[2]["config"]["attack"] is True and "attack" not in back[4]["config"]
+
+
+def test_a_failed_client_travels_as_its_reason_and_no_records():
+    replies = {1: RecordDict({"metrics": MetricRecord({"partition-id": 1})})}
+    packed = cohort.pack(replies, {3: "Traceback ...\nValueError: bad"})
+    back, errors = cohort.unpack(packed)
+    assert list(back) == [1] and errors == {3: "Traceback ...\nValueError: bad"}
+
+
+def test_a_client_keeps_its_worker_across_rounds():
+    assert cohort.assign([5, 0, 3, 4], 2) == [[0, 4], [3, 5]]
+    assert cohort.assign([3, 1], 3) == [[3], [1], []]
+
+
+def test_a_workers_state_keeps_each_client_under_its_own_prefix():
+    worker = RecordDict()
+    client_app.keep_client_state(worker, 3, RecordDict({"m": ConfigRecord({"a": 1})}))
+    client_app.keep_client_state(worker, 13, RecordDict({"m": ConfigRecord({"a": 2})}))
+    assert client_app.client_state(worker, 3)["m"]["a"] == 1
+    assert client_app.client_state(worker, 13)["m"]["a"] == 2
+    client_app.keep_client_state(worker, 3, RecordDict())
+    assert list(worker) == ["c13.m"]
+
+
+# ----- Settings and the simulation's nodes -----------------------------------------------
+def test_workers_default_to_one_per_cpu_share_and_never_exceed_the_clients():
+    raw = {"method": "fedavg_fixmatch", "simulation": {"execution": "cohort"}}
+    settings = settings_of(resolve_config(raw))
+    assert cohort_workers(settings, gpus=0, cpus=2) == 2
+    assert cohort_workers(settings, gpus=0, cpus=64) == settings.split.num_clients
+    assert cohort_workers(settings, gpus=1, cpus=16) == 2  # two per GPU
+    cpu = settings_of(resolve_config({**raw, "device": "cpu"}))
+    assert cohort_workers(cpu, gpus=1, cpus=16) == 10  # device cpu: the CPUs count
+    assert "num-supernodes=2 " in federation_config(
+        settings_of(resolve_config({**raw, "simulation": {"execution": "cohort", "workers": 2}})),
+        0.0,
+    )
+
+
+def test_a_bad_execution_is_one_line():
+    with pytest.raises(ConfigError, match=r"simulation\.execution"):
+        resolve_config({"simulation": {"execution": "batched"}})
+
+
+# ----- Cohort runs equal per-client runs ------------------------------------------------
+@pytest.mark.parametrize("method", everyday_first(sorted(METHODS), keep=2))
+def test_a_cohort_run_gives_every_methods_per_client_rows(method):
+    """Four rounds, 2 of 3 clients a round, each method's cross-round state (kept momentum,
+    FedSEAL's self-ensemble, FedMatch's helpers, FedoSSL's FedRep heads): every row equal,
+    bytes included (they count each client's records, not the cohort's message)."""
+    raw = tiny_raw(method)
+    assert rows_of(cohort_raw(raw), 2) == rows_of(raw, 3)
+
+
+def test_attackers_and_a_streaming_split_keep_their_rows_in_a_cohort():
+    raw = deep_merge(
+        tiny_raw("fedseal"),
+        {
+            "federation": {"attack": {"kind": "sign_flip", "partitions": [1]}},
+            "split": {"stream_steps": 2},
+        },
+    )
+    per_client = rows_of(raw, 3)
+    assert any(row.get("attackers") == [1] for row in per_client)
+    assert rows_of(cohort_raw(raw), 2) == per_client
+
+
+def test_a_failing_client_fails_alone_and_its_cohort_goes_on(monkeypatch):
+    raw = cohort_raw(tiny_raw("fedavg_fixmatch"))
+    real = client_app.train_client
+
+    def flaky(content, context, state, pid, data_path=""):
+        if pid == 2:
+            raise RuntimeError("injected failure of client 2")
+        return real(content, context, state, pid, data_path)
+
+    monkeypatch.setattr(client_app, "train_client", flaky)
+    rows, _ = run_method(raw, InProcessGrid(2))
+    sampled_two = [r for r in rows if 2 in r.get("failed_partitions", [])]
+    assert sampled_two, "client 2 was never sampled"
+    for row in sampled_two:
+        assert row["failures"] == 1 and row["clients"] == 1  # worker 0's other client kept
+
+
+def test_a_failed_worker_fails_each_of_its_clients():
+    raw = cohort_raw(tiny_raw("fedavg_fixmatch"))
+    rows, _ = run_method(raw, InProcessGrid(2, fail_partitions=[0]))  # worker 0: clients 0, 2
+    for row in rows:
+        assert set(row.get("failed_partitions", [])) <= {0, 2}
+        assert row["clients"] + row["failures"] == 2
+
+
+def resumed_rows(raw: dict, folder: Path, killed: Path) -> tuple[list[dict], list[dict]]:
+    """(uninterrupted rows, rows resumed from what a kill in round 3 leaves)."""
+
+    def run(at: Path, resume: bool, snapshot: Path | None = None) -> list[dict]:
+        def on_round(row: dict) -> None:
+            if snapshot is not None and row["round"] == 3:
+                shutil.copytree(at, snapshot)
+
+        strategy = build_strategy(raw, on_round)
+        strategy.checkpoint_path = at / "checkpoint.pt"
+        if resume:
+            strategy.resume_from(load_checkpoint(strategy.checkpoint_path))
+        grid = InProcessGrid(2, state_path=str(at / "client-state"))
+        strategy.start(grid, num_rounds=raw["rounds"])
+        return without_seconds(strategy.rows)
+
+    return run(folder, False, killed), run(killed, True)
+
+
+def test_a_resumed_cohort_run_keeps_its_clients_state(tmp_path):
+    """FedSEAL with kept momentum: each client's self-ensemble and momentum come back from
+    its own partition folder after a kill, though a worker holds several clients."""
+    raw = cohort_raw(tiny_raw("fedseal"))
+    straight, resumed = resumed_rows(raw, tmp_path / "straight", tmp_path / "killed")
+    assert resumed == straight
+    assert straight == rows_of(tiny_raw("fedseal"), 3)
+
+
+def test_a_local_deployment_refuses_cohort_execution_in_one_line(tmp_path):
+    from ssfl.deploy import run_deployment
+
+    settings = settings_of(resolve_config(cohort_raw({"method": "fedavg_fixmatch"})))
+    with pytest.raises(ConfigError, match=r"simulation\.execution': cohort is for simulation"):
+        run_deployment(settings, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
