@@ -4,9 +4,6 @@ failing clients and resume."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -17,16 +14,15 @@ from ssfl.experiment import resolve_config
 from ssfl.gpu import cohort_workers
 from ssfl.registry import METHODS, settings_of
 from ssfl.runner import federation_config
-from tasks.checkpoint import load_checkpoint
 from tasks.config import ConfigError, deep_merge
 from tests.harness import (
     InProcessGrid,
-    build_strategy,
     everyday_first,
     run_method,
     tiny_raw,
     without_seconds,
 )
+from tests.test_resume import run_rounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -148,32 +144,14 @@ def test_a_failed_worker_fails_each_of_its_clients():
         assert row["clients"] + row["failures"] == 2
 
 
-def resumed_rows(raw: dict, folder: Path, killed: Path) -> tuple[list[dict], list[dict]]:
-    """(uninterrupted rows, rows resumed from what a kill in round 3 leaves)."""
-
-    def run(at: Path, resume: bool, snapshot: Path | None = None) -> list[dict]:
-        def on_round(row: dict) -> None:
-            if snapshot is not None and row["round"] == 3:
-                shutil.copytree(at, snapshot)
-
-        strategy = build_strategy(raw, on_round)
-        strategy.checkpoint_path = at / "checkpoint.pt"
-        if resume:
-            strategy.resume_from(load_checkpoint(strategy.checkpoint_path))
-        grid = InProcessGrid(2, state_path=str(at / "client-state"))
-        strategy.start(grid, num_rounds=raw["rounds"])
-        return without_seconds(strategy.rows)
-
-    return run(folder, False, killed), run(killed, True)
-
-
 def test_a_resumed_cohort_run_keeps_its_clients_state(tmp_path):
     """FedSEAL with kept momentum: each client's self-ensemble and momentum come back from
     its own partition folder after a kill, though a worker holds several clients."""
     raw = cohort_raw(tiny_raw("fedseal"))
-    straight, resumed = resumed_rows(raw, tmp_path / "straight", tmp_path / "killed")
-    assert resumed == straight
-    assert straight == rows_of(tiny_raw("fedseal"), 3)
+    straight = run_rounds(raw, tmp_path / "straight", snapshot=tmp_path / "killed", nodes=2)
+    resumed = run_rounds(raw, tmp_path / "killed", resume=True, nodes=2)
+    assert without_seconds(resumed) == without_seconds(straight)
+    assert without_seconds(straight) == rows_of(tiny_raw("fedseal"), 3)
 
 
 def test_a_local_deployment_refuses_cohort_execution_in_one_line(tmp_path):

@@ -41,11 +41,14 @@ from tests.harness import (
 )
 
 
-def run_rounds(raw: dict, folder: Path, snapshot: Path | None = None, resume: bool = False):
+def run_rounds(
+    raw: dict, folder: Path, snapshot: Path | None = None, resume: bool = False, nodes: int = 3
+):
     """Rows of a run whose checkpoint and client state go to ``folder``. ``snapshot``: when
     round 3's row is recorded (round 2's checkpoint, round 3's client files written: what a
     run killed then leaves), ``folder`` is copied there. ``resume``: go on from the
-    checkpoint in ``folder`` with a fresh strategy and fresh node contexts."""
+    checkpoint in ``folder`` with a fresh strategy and fresh node contexts (``nodes`` of
+    them: the clients, or a cohort run's workers)."""
 
     def on_round(row: dict) -> None:
         if snapshot is not None and row["round"] == 3:
@@ -55,7 +58,7 @@ def run_rounds(raw: dict, folder: Path, snapshot: Path | None = None, resume: bo
     strategy.checkpoint_path = folder / "checkpoint.pt"
     if resume:
         assert strategy.resume_from(load_checkpoint(strategy.checkpoint_path)) == 2
-    grid = InProcessGrid(3, state_path=str(folder / "client-state"))
+    grid = InProcessGrid(nodes, state_path=str(folder / "client-state"))
     strategy.start(grid, num_rounds=raw["rounds"])
     return strategy.rows
 
