@@ -214,7 +214,6 @@ class RoundLoop(Strategy):
         """One message per sampled client: its start model, the round config, payloads."""
         aggregator, codec = self.parts.aggregator, self.parts.codec
         assert aggregator is not None
-        out = []
         sampled = self.sample_partitions(server_round)
         stats.attackers = self.attackers_of(server_round, sampled)
         contents: dict[int, RecordDict] = {}
@@ -228,16 +227,14 @@ class RoundLoop(Strategy):
                 }
             )
             stats.bytes_s2c += record_bytes(contents[pid])
-        if self.cohort:
-            batches = cohort.assign(sampled, len(self.workers))
-            out = [
-                self.train_message(cohort.pack({p: contents[p] for p in pids}), node, pids)
-                for node, pids in zip(self.workers, batches)
-                if pids
-            ]
-        else:
-            out = [self.train_message(c, self.nodes[p], [p]) for p, c in contents.items()]
-        return out
+        if not self.cohort:
+            return [self.train_message(c, self.nodes[p], [p]) for p, c in contents.items()]
+        batches = cohort.assign(sampled, len(self.workers))
+        return [
+            self.train_message(cohort.pack({p: contents[p] for p in pids}), node, pids)
+            for node, pids in zip(self.workers, batches)
+            if pids
+        ]
 
     def train_message(self, content: RecordDict, node: int, pids: list[int]) -> Message:
         """A TRAIN message to ``node`` for the partitions ``pids`` (one, or a cohort)."""
