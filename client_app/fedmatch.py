@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
 
 from client_app.base import ClientHalf
-from tasks.augment import OfficialRandAugment, RandAugment, augment_grouped
-from tasks.augment_batched import BatchedOfficialRandAugment, BatchedRandAugment
+from tasks.augment import augment_grouped, engine_class
 from tasks.decompose import (
     BUFFER,
     Decomposed,
@@ -132,15 +131,13 @@ STATE_KEY = "fedmatch"
 @functools.lru_cache(maxsize=4)
 def randaugment(n: int, m: float, channels: int, device: str, engine: str) -> torch.nn.Module:
     """The RandAugment view pi(u) of eq. 2, built once per process."""
-    kind = BatchedRandAugment if engine == "batched" else RandAugment
-    return kind(n, m, channels).to(device)
+    return engine_class(engine, "randaugment")(n, m, channels).to(device)
 
 
 @functools.lru_cache(maxsize=4)
 def official_randaugment(channels: int, device: str, engine: str) -> torch.nn.Module:
     """pi(u) as the official code draws it (randaug.py, loader.py), built once per process."""
-    kind = BatchedOfficialRandAugment if engine == "batched" else OfficialRandAugment
-    return kind(channels).to(device)
+    return engine_class(engine, "official")(channels).to(device)
 
 
 def strong_view(

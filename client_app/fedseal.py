@@ -18,8 +18,7 @@ from torch import nn
 
 from client_app.base import ClientHalf
 from tasks.attack import flipped_labels
-from tasks.augment import RandAugment, augment_grouped
-from tasks.augment_batched import BatchedRandAugment
+from tasks.augment import augment_grouped, engine_class
 from tasks.losses import proximal_term
 from tasks.selfensemble import (
     complementary_labels,
@@ -96,8 +95,7 @@ class FedSEALSettings(RandAugmentSettings):
 def paper_view(n: int, m: float, channels: int, device: str, engine: str = "kornia") -> nn.Module:
     """A(.) as FedSEAL 4.2.3 states it, RandAugment(n, m) alone, built once per process
     (``engine``: ``augment.engine``)."""
-    kind = BatchedRandAugment if engine == "batched" else RandAugment
-    return kind(n, m, channels).to(device)
+    return engine_class(engine, "randaugment")(n, m, channels).to(device)
 
 
 class FedSEALClient(ClientHalf):

@@ -157,22 +157,37 @@ class StrongAugment(nn.Module):
         return self.cutout(self.randaugment(self.weak(x)))
 
 
-def weak_augment(engine: str, image_size: int, flip: bool, shift: float) -> nn.Module:
-    """The weak view of ``augment.engine``: kornia's (this module) or the batched one."""
-    from tasks.augment_batched import BatchedWeakAugment
+def engine_class(engine: str, name: str) -> type[nn.Module]:
+    """``augment.engine``'s module ``name`` (``weak``, ``strong``, ``randaugment``,
+    ``official``): this module's kornia one, or tasks.augment_batched's."""
+    from tasks import augment_batched as batched
 
-    kind = BatchedWeakAugment if engine == "batched" else WeakAugment
-    return kind(image_size, flip, shift)
+    kornia = {
+        "weak": WeakAugment,
+        "strong": StrongAugment,
+        "randaugment": RandAugment,
+        "official": OfficialRandAugment,
+    }
+    if engine != "batched":
+        return kornia[name]
+    return {
+        "weak": batched.BatchedWeakAugment,
+        "strong": batched.BatchedStrongAugment,
+        "randaugment": batched.BatchedRandAugment,
+        "official": batched.BatchedOfficialRandAugment,
+    }[name]
+
+
+def weak_augment(engine: str, image_size: int, flip: bool, shift: float) -> nn.Module:
+    """The weak view of ``augment.engine``."""
+    return engine_class(engine, "weak")(image_size, flip, shift)
 
 
 def strong_augment(
     engine: str, image_size: int, flip: bool, channels: int, n: int, m: float, shift: float
 ) -> nn.Module:
-    """FixMatch's strong view of ``augment.engine``: kornia's or the batched one."""
-    from tasks.augment_batched import BatchedStrongAugment
-
-    kind = BatchedStrongAugment if engine == "batched" else StrongAugment
-    return kind(image_size, flip, channels, n, m, shift)
+    """FixMatch's strong view of ``augment.engine``."""
+    return engine_class(engine, "strong")(image_size, flip, channels, n, m, shift)
 
 
 def augment_grouped(

@@ -438,3 +438,13 @@ def test_fedseals_paper_view_follows_the_engine(monkeypatch):
     raw.update(rounds=1, augment={"engine": "batched"})
     run_method(raw, InProcessGrid(3))
     assert built and all(isinstance(view, B.BatchedRandAugment) for view in built)
+
+
+@pytest.mark.parametrize("name", ["weak", "strong", "randaugment", "official"])
+def test_each_engine_names_its_own_module(name):
+    from tasks.augment import engine_class
+
+    kornia, batched = engine_class("kornia", name), engine_class("batched", name)
+    assert kornia.__module__ == "tasks.augment"
+    assert batched.__module__ == "tasks.augment_batched"
+    assert batched.__name__ == "Batched" + kornia.__name__
