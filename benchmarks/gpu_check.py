@@ -115,7 +115,7 @@ CPU = Sizes(
     cifar_steps=1,
     cifar_batch=8,
     budgets={"environment": 60, "methods": 900, "training_step": 180, "round": 180, "cifar": 300},
-    jobs=1,
+    jobs=2,  # CI's 2 cores: each run's start-up (Ray, the SuperLink) is mostly waiting
 )
 # Seconds for the whole check: on a GPU within 8 minutes (the check's promise); on a CPU
 # (CI) the tiny runs still pay every start-up of `ssfl run` on few cores.
@@ -139,7 +139,7 @@ class UtilSampler:
     def __init__(self, enabled: bool, period: float = 0.5):
         self.enabled = enabled and shutil.which("nvidia-smi") is not None
         self.period = period
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, float]] = []  # (time.time(), util, MiB)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -159,20 +159,44 @@ class UtilSampler:
             out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
             for line in out.splitlines()[:1]:
                 util, mem = (field.strip().split()[0] for field in line.split(","))
-                self.samples.append((float(util), float(mem)))
+                self.samples.append((time.time(), float(util), float(mem)))
             self.stop.wait(self.period)
 
     def summary(self) -> dict[str, Any]:
         """Mean and peak utilisation and peak memory of the samples (None without any)."""
         if not self.samples:
             return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None}
-        utils = [u for u, _ in self.samples]
+        utils = [u for _, u, _ in self.samples]
         return {
             "gpu_util_mean": round(statistics.fmean(utils), 1),
             "gpu_util_max": max(utils),
-            "gpu_mem_max_mib": max(m for _, m in self.samples),
+            "gpu_mem_max_mib": max(m for _, _, m in self.samples),
             "gpu_util_samples": len(utils),
         }
+
+    def steady(self, timeline: Mapping[str, float]) -> dict[str, Any]:
+        """Mean utilisation over a run's steady rounds only (from the end of its first round
+        to the end of its last: start-up, the first round and shut-down left out), and the
+        samples it took (None without any)."""
+        start, end = timeline.get("first_round_ended"), timeline.get("rounds_ended")
+        inside = [u for t, u, _ in self.samples if start is not None and start <= t <= end]
+        mean = round(statistics.fmean(inside), 1) if inside else None
+        return {"gpu_util_steady_mean": mean, "gpu_util_steady_samples": len(inside)}
+
+
+def phases(timeline: Mapping[str, float], started: float) -> dict[str, float | None]:
+    """A run's wall time by phase (seconds): start-up (the command to the first round),
+    the first round, the steady rounds, shut-down (the last round's end to the results)."""
+    marks = [
+        ("startup", started, timeline.get("first_round")),
+        ("first_round", timeline.get("first_round"), timeline.get("first_round_ended")),
+        ("steady_rounds", timeline.get("first_round_ended"), timeline.get("rounds_ended")),
+        ("shutdown", timeline.get("rounds_ended"), timeline.get("finished")),
+    ]
+    return {
+        f"{name}_seconds": None if a is None or b is None else round(b - a, 3)
+        for name, a, b in marks
+    }
 
 
 # ----- Steps ---------------------------------------------------------------------------
@@ -245,7 +269,7 @@ def ssfl_run(
     cmd = [sys.executable, "-m", "ssfl.cli", "run", str(exp), "--out", str(out), "--quiet"]
     for item in sets:
         cmd += ["--set", item]
-    started = time.perf_counter()
+    started, wall_started = time.perf_counter(), time.time()
     try:
         proc = subprocess.run(
             cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(timeout, 1.0)
@@ -263,6 +287,8 @@ def ssfl_run(
         "final_test_accuracy": results["final_test_accuracy"],
         "round_seconds": [round(r["seconds"], 3) for r in rounds],
         "devices": results.get("devices"),
+        "timeline": results.get("timeline", {}),
+        "phases": phases(results.get("timeline", {}), wall_started),
     }
 
 
@@ -324,6 +350,7 @@ def round_time(ctx: Context) -> dict[str, Any]:
         "round_seconds_mean_after_first": round(statistics.fmean(later), 3),
         **result,
         **sampler.summary(),
+        **sampler.steady(result["timeline"]),
     }
 
 
@@ -356,6 +383,7 @@ def cifar_cell(ctx: Context) -> dict[str, Any]:
         "test_images": s.cifar_test,
         **result,
         **sampler.summary(),
+        **sampler.steady(result["timeline"]),
     }
 
 
@@ -427,7 +455,10 @@ def summary_of(name: str, out: Mapping[str, Any]) -> str:
     if name == "methods":
         return f" ({out['ok']}/{out['of']} ok, share {out['gpu_share']}, {out['client_devices']})"
     if name in ("round", "cifar"):
-        return f" (rounds {out['round_seconds']} s, GPU util mean {out['gpu_util_mean']})"
+        return (
+            f" (rounds {out['round_seconds']} s, GPU util mean {out['gpu_util_mean']}, "
+            f"steady rounds {out['gpu_util_steady_mean']}; phases {out['phases']})"
+        )
     return ""
 
 

@@ -2,16 +2,20 @@
 
 ``client_images_per_s``: FedAvg-FixMatch's client half (client_app/fixmatch.py) runs one
 local epoch of ``steps`` unlabeled batches: weak and strong views drawn on the device,
-one forward and backward of both views, its pseudo-label bookkeeping. ``bare_images_per_s``:
-the same model, batch (both views), precision and memory layout, on one fixed tensor,
-cross-entropy, SGD. Both count images through the forward and backward (both views) per
-second, after a warm-up round.
+one forward and backward of both views, its pseudo-label bookkeeping; its steady rate
+(``client.run()``, the second round's) apart from its set-up (``client_setup_seconds``:
+building the client, its resident model and augmenters). ``bare_images_per_s``: the same
+model, batch (both views), precision and memory layout, on one fixed tensor,
+cross-entropy, SGD; on a GPU also that step captured once in a CUDA graph and replayed
+(``bare_graphed_images_per_s``: one launch a step, the loop's floor). All count images
+through the forward and backward (both views) per second, after a warm-up.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,11 +62,12 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def client_images_per_s(
+def client_rate(
     model: str, dataset: str, batch: int, amp: str, steps: int, device: str
-) -> float:
-    """Images/s (both views) of the FixMatch client's round (its second: the first warms up
-    the data cache, the augmentations and the kernels)."""
+) -> tuple[float, float]:
+    """Images/s (both views) of the FixMatch client's steady round and the seconds its
+    set-up took, both of its second round (the first warms up the data cache, the
+    resident model, the augmentations and the kernels)."""
     from client_app.fixmatch import FixMatchClient
 
     settings = experiment(model, dataset, batch, amp, steps, device)
@@ -75,21 +80,24 @@ def client_images_per_s(
             ),
         }
     )
-    seconds = 0.0
+    setup = running = 0.0
     for _ in range(2):
         synchronize(device)
         started = time.perf_counter()
         client = FixMatchClient(content, RecordDict(), 0)
+        synchronize(device)
+        built = time.perf_counter()
         metrics = client.run()
         synchronize(device)
-        seconds = time.perf_counter() - started
-    return 2 * batch * int(metrics["local_steps"]) / seconds
+        setup, running = built - started, time.perf_counter() - built
+    return 2 * batch * int(metrics["local_steps"]) / running, setup
 
 
-def bare_images_per_s(
+def bare_loop(
     model: str, dataset: str, batch: int, amp: str, steps: int, device: str
-) -> float:
-    """Images/s of a plain loop: one fixed input of both views' size, cross-entropy, SGD."""
+) -> tuple[Callable[[], None], torch.Tensor, torch.Tensor]:
+    """One plain training step (fixed input of both views' size, cross-entropy, SGD) and its
+    input and labels."""
     settings = experiment(model, dataset, batch, amp, steps, device)
     info = dataset_info(settings.dataset.name)
     dev = torch.device(device)
@@ -104,18 +112,52 @@ def bare_images_per_s(
     def step() -> None:
         with autocast(settings.train.amp, dev):
             loss = F.cross_entropy(net(x), y)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)  # in a capture: no kernel, the grads come from its pool
         loss.backward()
         opt.step()
 
-    for _ in range(max(2, steps // 5)):
-        step()
+    return step, x, y
+
+
+def timed_rate(run: Callable[[], None], batch: int, steps: int, device: str) -> float:
+    """Images/s (both views) of ``steps`` calls of ``run``."""
     synchronize(device)
     started = time.perf_counter()
     for _ in range(steps):
-        step()
+        run()
     synchronize(device)
     return 2 * batch * steps / (time.perf_counter() - started)
+
+
+def bare_images_per_s(
+    model: str, dataset: str, batch: int, amp: str, steps: int, device: str
+) -> float:
+    """Images/s of the plain eager loop, after a warm-up."""
+    step, _, _ = bare_loop(model, dataset, batch, amp, steps, device)
+    for _ in range(max(2, steps // 5)):
+        step()
+    return timed_rate(step, batch, steps, device)
+
+
+def bare_graphed_images_per_s(
+    model: str, dataset: str, batch: int, amp: str, steps: int, device: str
+) -> float | None:
+    """Images/s of the plain step captured in one CUDA graph (forward, backward and SGD,
+    PyTorch's whole-network capture) and replayed; None off a GPU."""
+    if device != "cuda":
+        return None
+    step, _, _ = bare_loop(model, dataset, batch, amp, steps, device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as capture needs
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    return timed_rate(graph.replay, batch, steps, device)
 
 
 def significant(rate: float, digits: int = 4) -> float:
@@ -124,14 +166,25 @@ def significant(rate: float, digits: int = 4) -> float:
 
 
 def case(model: str, dataset: str, batch: int, amp: str, steps: int, device: str) -> dict[str, Any]:
-    """Both rates and their ratio for one model, batch and precision."""
-    project = client_images_per_s(model, dataset, batch, amp, steps, device)
+    """The client's steady rate and set-up, the bare loops' rates, and the ratios."""
+    project, setup = client_rate(model, dataset, batch, amp, steps, device)
     bare = bare_images_per_s(model, dataset, batch, amp, steps, device)
+    try:
+        graphed, graph_error = (
+            bare_graphed_images_per_s(model, dataset, batch, amp, steps, device),
+            None,
+        )
+    except RuntimeError as err:  # a capture this torch or GPU refuses: recorded, not fatal
+        graphed, graph_error = None, str(err).strip().splitlines()[0][:200]
     return {
         "model": model,
         "batch": batch,
         "amp": amp,
         "client_images_per_s": significant(project),
+        "client_setup_seconds": round(setup, 4),
         "bare_images_per_s": significant(bare),
+        "bare_graphed_images_per_s": None if graphed is None else significant(graphed),
         "ratio": round(project / bare, 3),
+        "ratio_to_graphed": None if graphed is None else round(project / graphed, 3),
+        **({"bare_graphed_error": graph_error} if graph_error else {}),
     }

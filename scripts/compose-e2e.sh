@@ -74,6 +74,8 @@ remove_projects() {
     ids=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
     [ -z "$ids" ] || docker rm -f $ids >/dev/null
     docker network rm "${project}_default" >/dev/null 2>&1 || true
+    ids=$(docker volume ls -q --filter "label=com.docker.compose.project=$project")
+    [ -z "$ids" ] || docker volume rm $ids >/dev/null
   done
 }
 teardown() { remove_projects "$SERVER_PROJECT" "$EDGE_PROJECT"; }

@@ -41,7 +41,7 @@ def prepare(args: argparse.Namespace) -> tuple[Settings, Path]:
     summary = check_data(settings)
     print(
         f"ssfl: {settings.method} on {settings.dataset.name} ({summary['partitioner']}, "
-        f"R={summary['noniid_r']:.3f}), {settings.split.num_clients} clients, "
+        f"R={fixed(summary['noniid_r'], 3)}), {settings.split.num_clients} clients, "
         f"{settings.rounds} rounds{resumed} -> {out}",
         file=sys.stderr,
     )
@@ -446,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("experiments", nargs="+", help="experiment YAMLs")
     val.set_defaults(func=cmd_validate)
     return parser
+
+
+def fixed(value: float, digits: int) -> str:
+    """``value`` with ``digits`` decimals, never a negative zero ('-0.000' for -0.0001)."""
+    return f"{round(value, digits) + 0.0:.{digits}f}"
 
 
 def resume_command(argv: list[str], out: Path) -> str:

@@ -166,15 +166,20 @@ def interrupted_results(out: Path) -> dict | None:
     import json
 
     from ssfl.registry import settings_of
-    from tasks.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+    from tasks.checkpoint import (
+        CHECKPOINT_FILE,
+        CheckpointError,
+        checkpoint_rows,
+        load_checkpoint,
+    )
     from tasks.settings import mapping
 
     try:
         checkpoint = load_checkpoint(out / CHECKPOINT_FILE)
+        rows = checkpoint_rows(out / CHECKPOINT_FILE, checkpoint)
     except CheckpointError:
         return None
     settings = settings_of(json.loads(checkpoint["config"]))
-    rows = json.loads(checkpoint["rows"])
     accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
     return {
         "status": "interrupted",

@@ -681,10 +681,17 @@ def _copy_lines(proc: subprocess.Popen, lines: list[str], log_fh: TextIO, echo: 
 SIZE_WARNING = "default simulated SuperNodes changed from 10 to 2"
 
 
+# Flower's Ray backend logs this warning for each actor it ends (flwr/simulation/
+# ray_transport/ray_actor.py, terminate), which every normal shut-down does: kept in
+# OUT/flower.log, not echoed.
+ACTOR_END_WARNING = "Manually terminating ClientAppActor"
+
+
 def _worth_echoing(line: str) -> bool:
-    """Progress lines, warnings and errors; not Flower's per-message chatter."""
+    """Progress lines, warnings and errors; not Flower's per-message chatter, nor the
+    warnings of a normal shut-down."""
     keys = ("round ", "WARNING", "ERROR", "Traceback", "Error", "Successfully started run")
-    noise = ("configure_", SIZE_WARNING, "checkpoint written")
+    noise = ("configure_", SIZE_WARNING, ACTOR_END_WARNING, "checkpoint written")
     return (
         any(k in line for k in keys)
         and not any(n in line for n in noise)

@@ -213,7 +213,7 @@ class SparseSync(DenseCodec):
         unknown = sorted(k for k in record if not k.startswith(BUFFER) and k not in payloads)
         if unknown:
             return f"unknown arrays {unknown[:3]}"
-        buffers = {k[len(BUFFER) :]: v for k, v in record.items() if k.startswith(BUFFER)}
+        buffers = {k[len(BUFFER) :]: v.numpy() for k, v in record.items() if k.startswith(BUFFER)}
         problem = array_problem(buffers, self.model.buffer_state())
         if problem is not None:
             return f"buffers: {problem}"

@@ -217,9 +217,9 @@ class OpenWorldAverage:
         return to_record({**numpy_state(arrays), **self.kept[pid]})
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
-        states = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
+        states = {u.pid: u.arrays for u in updates}
         weights = [float(u.num_examples) if self.algo.weighted_average else 1.0 for u in updates]
-        average = weighted_average([states[u.pid] for u in updates], weights)
+        average = weighted_average([states[u.pid] for u in updates], weights, self.server.device)
         personal = self.algo.personal
         for pid, state in states.items():
             if personal == "head":

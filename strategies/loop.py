@@ -41,7 +41,13 @@ from strategies.parts import (
     record_bytes,
 )
 from tasks.attack import attackers
-from tasks.checkpoint import kept_checkpoint, save_checkpoint
+from tasks.checkpoint import (
+    append_rows,
+    checkpoint_rows,
+    kept_checkpoint,
+    save_checkpoint,
+    write_rows,
+)
 from tasks.settings import Settings, mapping
 from tasks.train import DEVICE_RECORD, derive_seed, device_name
 
@@ -128,6 +134,7 @@ class RoundLoop(Strategy):
         self.updates: list[Update] = []  # the current round's accepted updates
         self.aggregation_metrics: Metrics = {}  # what the current round's aggregation measured
         self.rows: list[dict[str, Any]] = []  # every round's results row, as on_round got it
+        self.rows_written = 0  # rows in the checkpoint's rows file from this process (0: none)
         self.failed_in_a_row = 0  # rounds in a row without an accepted client update
         self.first_round = 1  # the round after the checkpoint a resumed run starts from
         self.checkpoint_path: Path | None = None  # where each round's checkpoint goes
@@ -382,7 +389,7 @@ class RoundLoop(Strategy):
             for nid in sorted(grid.get_node_ids())
         ]
         nodes: dict[int, int] = {}
-        for reply in exchange(grid, messages, timeout):
+        for reply in exchange(grid, messages, timeout)[0]:
             if reply.has_error():
                 log.warning(
                     "node %s did not answer the discovery query: %s",
@@ -463,6 +470,9 @@ class RoundLoop(Strategy):
             progressed = stats.replies > 0 or self.parts.aggregator is None
             self.failed_in_a_row = 0 if progressed else self.failed_in_a_row + 1
             self.save_checkpoint(rnd)
+            self.timeline["rounds_ended"] = time.time()  # steady rounds: after the first's end
+            if rnd == self.first_round:
+                self.timeline["first_round_ended"] = self.timeline["rounds_ended"]
             if self.failed_in_a_row >= limit:
                 raise RunStalled(stalled_message(rnd, limit, stats))
         result.arrays = self.server.arrays()
@@ -471,13 +481,13 @@ class RoundLoop(Strategy):
     # ----- Checkpoint and resume (the reliability issue's rule 1) ------------------------
     def state(self, rnd: int) -> dict[str, Any]:
         """What a resumed run needs after round ``rnd``: the global model, the sampler's RNG
-        state, the failure count, the rows (as JSON, exactly as written), the devices the
-        clients trained on so far and every part's state. The node map is not kept: a
-        resumed run discovers its nodes again."""
+        state, the failure count, how many rows of the rows file it covers (tasks.checkpoint
+        ROWS_FILE), the devices the clients trained on so far and every part's state. The
+        node map is not kept: a resumed run discovers its nodes again."""
         return {
             "round": rnd,
             "config": self.config_json,
-            "rows": json.dumps(self.rows),
+            "rows": len(self.rows),
             "client_devices": json.dumps(self.devices["clients"]),
             "failed_in_a_row": self.failed_in_a_row,
             "sampler": self.sampler.getstate(),
@@ -488,10 +498,17 @@ class RoundLoop(Strategy):
     def save_checkpoint(self, rnd: int) -> None:
         """Write the round's checkpoint atomically (when ``checkpoint_path`` is set), and a
         kept copy of every federation.checkpoint_every-th round's; log its write time (the
-        overhead docs/reliability.md measures)."""
+        overhead docs/reliability.md measures). The rows file gets the rows not yet in it; a
+        process's first write replaces it (a resumed run's rows after the checkpoint's go)."""
         if self.checkpoint_path is None:
             return
         started = time.perf_counter()
+        folder = self.checkpoint_path.parent
+        if self.rows_written:
+            append_rows(folder, self.rows[self.rows_written :])
+        else:
+            write_rows(folder, self.rows)
+        self.rows_written = len(self.rows)
         state = self.state(rnd)
         save_checkpoint(state, self.checkpoint_path)
         every = self.settings.federation.checkpoint_every
@@ -500,13 +517,13 @@ class RoundLoop(Strategy):
         log.info("round %d: checkpoint written in %.3fs", rnd, time.perf_counter() - started)
 
     def resume_from(self, state: dict[str, Any]) -> int:
-        """Take a checkpoint's state (see ``state``); the run goes on from the round after
-        its round, without the bootstrap. Returns the checkpoint's round."""
+        """Take the state of the checkpoint at ``checkpoint_path`` (see ``state``); the run
+        goes on from the round after its round, without the bootstrap. Returns its round."""
         self.server.model.load_state_dict(state["model"])
         self.parts.restore(state["parts"])
         self.sampler.setstate(state["sampler"])
         self.failed_in_a_row = int(state["failed_in_a_row"])
-        self.rows = json.loads(state["rows"])
+        self.rows = checkpoint_rows(self.checkpoint_path, state)
         self.devices["clients"] = json.loads(state.get("client_devices", "{}"))
         self.first_round = int(state["round"]) + 1
         return int(state["round"])
@@ -525,10 +542,11 @@ class RoundLoop(Strategy):
                 self.configure_train(rnd, self.server.arrays(), self.train_config, grid)
             )
             round_metrics.update(codec.saved_bytes("s2c", stats.bytes_s2c, len(messages)))
-            replies = exchange(grid, messages, timeout) if messages else []
+            # The server's step beside the clients (SSFL eq. 4-5) runs while they train.
+            replies, server_metrics = exchange(
+                grid, messages, timeout, lambda: trainer.before_aggregate(rnd)
+            )
             self.sent_ids = self.message_partitions(messages)
-        server_metrics = trainer.before_aggregate(rnd)
-        if aggregator is not None:
             arrays, record = self.aggregate_train(rnd, replies)
             if arrays is not None:
                 client_metrics = dict(record or {})
@@ -542,6 +560,8 @@ class RoundLoop(Strategy):
                     "round %d: no client update arrived; the global model is unchanged", rnd
                 )
             codec.end_round(self.sent(messages), {u.pid for u in self.updates})
+        else:
+            server_metrics = trainer.before_aggregate(rnd)
         server_metrics.update(trainer.after_aggregate(rnd))
         round_metrics.update(codec.update_payloads(rnd))
         evaluation = self.parts.evaluator.evaluate(self.server.model) if self.tested(rnd) else {}

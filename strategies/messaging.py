@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -29,15 +31,26 @@ REPLY_POLL_SHARE = 0.01
 REPLY_POLL_MIN_S = 0.01
 REPLY_POLL_MAX_S = 0.25
 
+T = TypeVar("T")
 
-def exchange(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
-    """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds
-    passed (Grid.send_and_receive's contract, polled as REPLY_POLL_SHARE says). A grid
-    that is not Flower's (the tests' in-process one) is asked with its send_and_receive."""
+
+def exchange(
+    grid: Grid,
+    messages: list[Message],
+    timeout: float,
+    meanwhile: Callable[[], T] = lambda: None,
+) -> tuple[list[Message], T]:
+    """Push ``messages``, run ``meanwhile`` (work that needs no reply: the server's step
+    beside the clients) while the clients work, then pull the replies until all arrived or
+    ``timeout`` seconds after the push passed (Grid.send_and_receive's contract, polled as
+    REPLY_POLL_SHARE says). Returns the replies and what ``meanwhile`` returned. A grid that
+    is not Flower's (the tests' in-process one) is asked with its send_and_receive first."""
     if not isinstance(grid, Grid):
-        return list(grid.send_and_receive(messages, timeout=timeout))
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        return replies, meanwhile()
     pending = set(grid.push_messages(messages))
     started = time.monotonic()
+    done = meanwhile()
     replies: list[Message] = []
     while pending:
         pulled = list(grid.pull_messages(pending))
@@ -48,7 +61,7 @@ def exchange(grid: Grid, messages: list[Message], timeout: float) -> list[Messag
             break
         pause = min(max(waited * REPLY_POLL_SHARE, REPLY_POLL_MIN_S), REPLY_POLL_MAX_S)
         time.sleep(min(pause, timeout - waited))
-    return replies
+    return replies, done
 
 
 # A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".

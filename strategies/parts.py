@@ -25,6 +25,7 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -160,9 +161,12 @@ def dense_bytes(content: RecordDict) -> int:
     )
 
 
-def array_problem(arrays: Mapping[str, Array], expected: Mapping[str, torch.Tensor]) -> str | None:
-    """Why ``arrays`` is not a state dict like ``expected`` (the reliability issue's rule 2:
-    exactly its keys, with the same shapes and dtypes, only finite values); None if it is."""
+def array_problem(
+    arrays: Mapping[str, np.ndarray], expected: Mapping[str, torch.Tensor]
+) -> str | None:
+    """Why the decoded ``arrays`` are not a state dict like ``expected`` (the reliability
+    issue's rule 2: exactly its keys, with the same shapes and dtypes, only finite values);
+    None if they are."""
     missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
     if missing or extra:
         return f"keys differ from the global model's (missing {missing[:3]}, extra {extra[:3]})"
@@ -172,7 +176,7 @@ def array_problem(arrays: Mapping[str, Array], expected: Mapping[str, torch.Tens
             return f"'{key}' has shape {tuple(arr.shape)}, expected {tuple(tensor.shape)}"
         if arr.dtype != dtype:
             return f"'{key}' has dtype {arr.dtype}, expected {dtype}"
-        if not np.isfinite(arr.numpy()).all():
+        if not np.isfinite(arr).all():
             return f"'{key}' holds non-finite values"
     return None
 
@@ -189,6 +193,12 @@ class Update:
     pid: int
     num_examples: int
     content: RecordDict
+
+    @cached_property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The reply's ``arrays`` record decoded, once for validation, aggregation and the
+        local models' evaluation (each Array.numpy() call deserialises anew)."""
+        return numpy_state(self.content["arrays"])
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -468,6 +478,7 @@ class RobustAveraging:
         self.server = server
         self.options = server.settings.aggregate
         self.scratch: nn.Module | None = None  # holds one model at a time for validation
+        self.device = server.device  # where the means are summed (tasks.aggregate)
 
     def active(self) -> bool:
         o = self.options
@@ -481,7 +492,8 @@ class RobustAveraging:
         metrics: Metrics = {}
         bound = self.options.clip_norm
         if bound > 0:
-            received = {pid: numpy_state(starts[pid]) for pid in users}
+            decoded = {id(start): numpy_state(start) for start in starts.values()}
+            received = {pid: decoded[id(starts[pid])] for pid in users}  # one global: once
             metrics["clipped_partitions"] = [
                 pid for pid in sorted(users) if update_norm(users[pid], received[pid]) > bound
             ]
@@ -531,14 +543,16 @@ class RobustAveraging:
         states = [users[pid] for pid in pids]
         rule, o = self.options.rule, self.options
         if rule == "mean":
-            return weighted_average(states, [weights[pid] for pid in pids]), {}
+            return weighted_average(states, [weights[pid] for pid in pids], self.device), {}
         if rule == "median":
             return coordinate_median(states), {}
         if rule == "trimmed_mean":
             return trimmed_mean(states, o.trim_fraction), {}
         m = 1 if rule == "krum" else o.krum_m or max(len(states) - o.krum_f, 1)
         chosen = sorted(pids[i] for i in krum_select(states, o.krum_f, min(m, len(states))))
-        average = weighted_average([users[pid] for pid in chosen], [weights[pid] for pid in chosen])
+        average = weighted_average(
+            [users[pid] for pid in chosen], [weights[pid] for pid in chosen], self.device
+        )
         return average, {"krum_selected": chosen}
 
     def with_server(
@@ -549,7 +563,9 @@ class RobustAveraging:
         if not users:
             return dict(server), {}
         combined, metrics = self.combine(users, {pid: 1.0 for pid in users})
-        joined = weighted_average([server, combined], [server_weight, float(len(users))])
+        joined = weighted_average(
+            [server, combined], [server_weight, float(len(users))], self.device
+        )
         return joined, metrics
 
 
@@ -559,6 +575,7 @@ class FedAvg:
 
     def __init__(self, server: ServerSide):
         self.robust = RobustAveraging(server)
+        self.device = server.device  # where the mean is summed (tasks.aggregate)
         self.started_from: dict[int, ArrayRecord] = {}  # this round's start of each client
 
     def start_model(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -571,11 +588,11 @@ class FedAvg:
         return arrays
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
-        states = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
+        states = {u.pid: u.arrays for u in updates}
         weights = {u.pid: float(u.num_examples) for u in updates}
         if not self.robust.active():
             avg = weighted_average(
-                [states[u.pid] for u in updates], [weights[u.pid] for u in updates]
+                [states[u.pid] for u in updates], [weights[u.pid] for u in updates], self.device
             )
             return to_record(avg), {}
         kept, metrics = self.robust.screen(states, self.started_from)
@@ -612,7 +629,7 @@ class AverageWithServer(FedAvg):
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
         server = self.joining()
-        users = {u.pid: numpy_state(u.content["arrays"]) for u in updates}
+        users = {u.pid: u.arrays for u in updates}
         metrics = {"weight_diversity": self.diversity(users)}
         if self.robust.active():
             users, screened = self.robust.screen(users, self.started_from)
@@ -628,7 +645,7 @@ class AverageWithServer(FedAvg):
         if self.robust.active():
             return self.robust.with_server(server, users, self.server_weight)
         users_sorted = [users[k] for k in sorted(users)]
-        return average_with_server(server, users_sorted, self.server_weight), {}
+        return average_with_server(server, users_sorted, self.server_weight, self.device), {}
 
     def diversity(self, users: dict[int, dict[str, np.ndarray]]) -> float:
         """Eq. 8 over the users' updates of ``diversity_keys``."""
@@ -681,7 +698,9 @@ class GroupedAverage(AverageWithServer):
             per_group, overall, robust = self.robust_groups(server, users, groups)
             metrics.update(robust)
         else:
-            per_group, overall = group_average(server, users, groups, self.server_weight)
+            per_group, overall = group_average(
+                server, users, groups, self.server_weight, self.device
+            )
         self.group_models = {}
         for group, state in zip(groups, per_group):
             record = to_record(state)
@@ -699,7 +718,7 @@ class GroupedAverage(AverageWithServer):
             state, metrics = self.robust.with_server(server, own, self.server_weight)
             per_group.append(state)
             chosen += metrics.get("krum_selected", [])
-        overall = weighted_average(per_group, [1.0] * len(per_group))
+        overall = weighted_average(per_group, [1.0] * len(per_group), self.device)
         return per_group, overall, ({"krum_selected": sorted(chosen)} if chosen else {})
 
 
@@ -778,15 +797,14 @@ class DenseCodec:
 
     def load_local(self, model: nn.Module, update: Update) -> None:
         """Load the model client ``update.pid`` trained into ``model``."""
-        model.load_state_dict(update.content["arrays"].to_torch_state_dict())
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in update.arrays.items()})
 
     def validate(self, update: Update, global_state: Mapping[str, torch.Tensor]) -> str | None:
         """Why the reply's model is unusable (None: usable): its ``arrays`` must hold exactly
         the global model's keys, shapes and dtypes, and only finite values."""
-        record = update.content.array_records.get("arrays")
-        if record is None:
+        if update.content.array_records.get("arrays") is None:
             return "no 'arrays' record"
-        return array_problem(record, global_state)
+        return array_problem(update.arrays, global_state)
 
 
 # ----- A method's parts ------------------------------------------------------------------

@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 
 def weighted_average(
-    updates: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
+    updates: Sequence[Mapping[str, np.ndarray]],
+    weights: Sequence[float],
+    device: torch.device | str = "cpu",
 ) -> dict[str, np.ndarray]:
     """FedAvg (McMahan et al. 2017; FedSEAL eq. 2 with equal weights): sum_k w_k x_k / sum_k w_k.
 
-    Floating arrays are averaged in float64 and cast back; integer buffers (BatchNorm's
-    num_batches_tracked) take the maximum. Order of ``updates`` does not change the result
-    beyond float rounding; callers sort them for bit-identical runs.
+    Floating arrays are summed in float64 torch tensors on ``device`` (the training device:
+    the server's GPU in a GPU run), one update after another in the given order, and cast
+    back: the same IEEE operations as float64 numpy, so the same bits on any device. Integer
+    buffers (BatchNorm's num_batches_tracked) take the maximum. Callers sort the updates for
+    bit-identical runs.
     """
     if not updates:
         raise ValueError("weighted_average needs at least one update")
@@ -23,14 +28,14 @@ def weighted_average(
     w = np.asarray(weights, dtype=np.float64)
     if np.any(w < 0) or w.sum() <= 0:
         raise ValueError("weights must be non-negative and not all zero")
-    w = w / w.sum()
+    shares = (w / w.sum()).tolist()
     out: dict[str, np.ndarray] = {}
     for key, first in updates[0].items():
         if np.issubdtype(first.dtype, np.floating):
-            acc = np.zeros(first.shape, dtype=np.float64)
-            for wk, update in zip(w, updates):
-                acc += wk * update[key]
-            out[key] = acc.astype(first.dtype)
+            acc = torch.zeros(first.shape, dtype=torch.float64, device=device)
+            for share, update in zip(shares, updates):
+                acc += torch.as_tensor(update[key]).to(device, torch.float64) * share
+            out[key] = acc.to(torch.as_tensor(first).dtype).cpu().numpy()
         else:
             out[key] = np.asarray(np.max(np.stack([u[key] for u in updates]), axis=0))
     return out
@@ -40,13 +45,16 @@ State = Mapping[str, np.ndarray]
 
 
 def average_with_server(
-    server: State, users: Sequence[State], server_weight: float = 1.0
+    server: State,
+    users: Sequence[State],
+    server_weight: float = 1.0,
+    device: torch.device | str = "cpu",
 ) -> dict[str, np.ndarray]:
     """SSFL benchmark eq. 4-5: w_avg = (w_s + sum_{k in U} w_k) / (|U| + 1), equal weights.
 
     ``server_weight`` a (ours; 1 is eq. 4) gives (a w_s + sum_k w_k) / (a + |U|).
     """
-    return weighted_average([server, *users], [server_weight] + [1.0] * len(users))
+    return weighted_average([server, *users], [server_weight] + [1.0] * len(users), device)
 
 
 def keep_own_buffers(
@@ -78,6 +86,7 @@ def group_average(
     users: Mapping[int, State],
     groups: Sequence[Sequence[int]],
     server_weight: float = 1.0,
+    device: torch.device | str = "cpu",
 ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """FedRGD, SSFL benchmark eq. 7: the server's model joins every group.
 
@@ -88,9 +97,10 @@ def group_average(
     if not groups:
         raise ValueError("group_average needs at least one group")
     per_group = [
-        average_with_server(server, [users[k] for k in group], server_weight) for group in groups
+        average_with_server(server, [users[k] for k in group], server_weight, device)
+        for group in groups
     ]
-    overall = weighted_average(per_group, [1.0] * len(per_group))
+    overall = weighted_average(per_group, [1.0] * len(per_group), device)
     return per_group, overall
 
 

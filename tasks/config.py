@@ -59,8 +59,26 @@ def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping gives one key twice (YAML loaders silently keep the last value)."""
+
+
 class ConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader, also reading '4e-5' as a float (YAML 1.1 needs a dot: '4.0e-5')."""
+    """YAML's safe loader, also reading '4e-5' as a float (YAML 1.1 needs a dot: '4.0e-5'),
+    refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key, line = key_node.value, key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            if key in seen:
+                raise DuplicateKeyError(
+                    f"key '{key}' is given twice (lines {seen[key]} and {line})"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 ConfigLoader.add_implicit_resolver(
@@ -114,6 +132,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
             "save it as UTF-8"
         ) from err
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{path}: {err}; keep one") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
     if not isinstance(data, dict):

@@ -40,6 +40,26 @@ def test_a_non_utf8_yaml_is_one_line(tmp_path, capsys):
     assert "not UTF-8" in err and "0xe9" in err and "save it as UTF-8" in err
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "method: fedseal\nrounds: 1\nseed: 3\nrounds: 2\n",
+            "key 'rounds' is given twice (lines 2 and 4)",
+        ),
+        (
+            "method: fedseal\nclient:\n  lr: 0.1\n  lr: 0.2\n",
+            "key 'lr' is given twice (lines 3 and 4)",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, capsys, text, said):
+    """YAML loaders keep the last value silently; the user meant one of them."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    assert said in one_line_error(capsys, ["run", str(path)])
+
+
 def test_an_empty_yaml_must_name_its_method(tmp_path, capsys):
     path = tmp_path / "empty.yaml"
     path.write_text("# nothing yet\n")

@@ -136,9 +136,12 @@ def test_edge_compose_joins_a_remote_superlink_with_own_images():
     assert set(svc) == {"supernode", "superexec-clientapp"}
     check_supernode(svc["supernode"], "server.example.org:8000")
     node_config = flags(svc["supernode"])["--node-config"]
-    assert node_config == "partition-id=7 data-path='/app/node-data'"
+    assert node_config == "partition-id=7 data-path='/app/node-data' state-path='/app/node-state'"
     check_clientapp(svc["superexec-clientapp"], "supernode", "/app/node-data")
     assert mounts(svc["superexec-clientapp"])["/app/node-data"] == "/srv"
+    # The client state outlives the container: a named volume, writable by any uid.
+    assert mounts(svc["superexec-clientapp"])["/app/node-state"] == "node-state"
+    assert "RUN mkdir -m 1777 /app/node-state" in (ROOT / "docker" / "Dockerfile").read_text()
     assert all("build" not in s for s in svc.values())  # the image only, loaded from an archive
 
 

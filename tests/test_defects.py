@@ -86,6 +86,14 @@ def test_flowers_federation_size_warning_is_not_echoed():
     assert _worth_echoing("WARNING :   round 3: client 2 failed: boom\n")
 
 
+def test_a_normal_shut_downs_actor_warnings_are_not_echoed():
+    from ssfl.runner import _worth_echoing
+
+    line = "(ClientAppActor pid=4242) WARNING :   Manually terminating ClientAppActor\n"
+    assert not _worth_echoing(line)
+    assert _worth_echoing("(ClientAppActor pid=4242) WARNING :   CUDA out of memory\n")
+
+
 @pytest.mark.parametrize("num_classes", [4, 7, 10, 100])
 def test_fedmatch_imbalanced_split_for_any_class_count(num_classes):
     import numpy as np

@@ -65,7 +65,7 @@ def messages(n: int) -> list[Message]:
 def test_every_reply_is_pulled_soon_after_it_arrives():
     grid = DelayedGrid([0.0, 0.2, 0.5])
     started = time.monotonic()
-    replies = exchange(grid, messages(3), timeout=30)
+    replies, _ = exchange(grid, messages(3), timeout=30)
     waited = time.monotonic() - started
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
     assert 0.5 <= waited < 0.5 + 0.1  # Flower's HttpGrid would return at 3 s
@@ -75,7 +75,7 @@ def test_every_reply_is_pulled_soon_after_it_arrives():
 def test_the_timeout_ends_the_wait_with_the_replies_that_came():
     grid = DelayedGrid([0.05, None])
     started = time.monotonic()
-    replies = exchange(grid, messages(2), timeout=0.4)
+    replies, _ = exchange(grid, messages(2), timeout=0.4)
     waited = time.monotonic() - started
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
     assert 0.4 <= waited < 0.4 + REPLY_POLL_MAX_S
@@ -89,5 +89,21 @@ def test_a_grid_that_is_not_flowers_is_asked_with_send_and_receive():
     sent = messages(2)
     for i, msg in enumerate(sent):
         msg.metadata.__dict__["_message_id"] = f"m{i}"
-    replies = exchange(Plain(), sent, timeout=1)
+    replies, _ = exchange(Plain(), sent, timeout=1)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0", "m1"]
+
+
+def test_work_needing_no_reply_runs_while_the_clients_work_and_its_result_comes_back():
+    """The server's step beside the clients (SSFL eq. 4-5) runs after the push, before the
+    last reply: a round takes max(clients, server), not their sum."""
+    grid = DelayedGrid([0.3, 0.3])
+    started = time.monotonic()
+
+    def server_step() -> dict[str, float]:
+        time.sleep(0.25)
+        return {"server_loss": 1.5, "pulls_before": grid.pulls}
+
+    replies, done = exchange(grid, messages(2), timeout=30, meanwhile=server_step)
+    waited = time.monotonic() - started
+    assert len(replies) == 2 and done == {"server_loss": 1.5, "pulls_before": 0}
+    assert 0.3 <= waited < 0.3 + 0.1  # not 0.55: the two waits overlapped

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks.gpu_check import CPU, GPU, Context, tiny_experiment
+from benchmarks.gpu_check import CPU, GPU, Context, UtilSampler, phases, tiny_experiment
 from benchmarks.gpu_step import significant
 from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS
@@ -47,11 +47,16 @@ def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
         assert set(run["devices"]["clients"].values()) == clients
     for case in steps["training_step"]["cases"]:
         assert case["client_images_per_s"] > 0 and case["bare_images_per_s"] > 0
+        assert case["client_setup_seconds"] > 0  # apart from the steady rate
+        assert case["bare_graphed_images_per_s"] is None  # CUDA graphs: on a GPU only
         assert case["ratio"] == pytest.approx(
             case["client_images_per_s"] / case["bare_images_per_s"], rel=0.01
         )
     assert {c["model"] for c in steps["training_step"]["cases"]} == {"small_cnn", "resnet18"}
     assert len(steps["round"]["round_seconds"]) == 3 and steps["round"]["clients"] == 3
+    for name in ("round", "cifar"):  # phases apart; no GPU samples on a CPU
+        assert all(v > 0 for v in steps[name]["phases"].values()), steps[name]["phases"]
+        assert steps[name]["gpu_util_steady_mean"] is None
     assert len(steps["cifar"]["round_seconds"]) == 2 and steps["cifar"]["test_images"] == 100
     assert all(step["seconds"] > 0 for step in steps.values())
 
@@ -77,3 +82,20 @@ def test_every_methods_check_experiment_passes_the_methods_own_config_checks(
     settings refuse (fedossl's server keys were) fails there after minutes on a GPU box."""
     ctx = Context(cpu=sizes is CPU, sizes=sizes, work=tmp_path, methods=[])
     assert resolve_config(tiny_experiment(method, ctx))["method"] == method
+
+
+def test_busy_time_counts_only_the_steady_rounds_samples():
+    """Start-up, the first round and shut-down hold the GPU idle: a whole-run mean hides a
+    busy steady round (the H200's 2.8% figure was such a mean)."""
+    sampler = UtilSampler(enabled=False)
+    sampler.samples = [(t, u, 100.0) for t, u in [(1, 0), (5, 10), (11, 80), (14, 90), (21, 0)]]
+    timeline = {"first_round": 4.0, "first_round_ended": 10.0, "rounds_ended": 20.0}
+    assert sampler.steady(timeline) == {"gpu_util_steady_mean": 85.0, "gpu_util_steady_samples": 2}
+    assert sampler.summary()["gpu_util_mean"] == 36.0
+    assert phases({**timeline, "finished": 22.5}, started=1.0) == {
+        "startup_seconds": 3.0,
+        "first_round_seconds": 6.0,
+        "steady_rounds_seconds": 10.0,
+        "shutdown_seconds": 2.5,
+    }
+    assert phases({}, started=1.0)["steady_rounds_seconds"] is None

@@ -69,3 +69,20 @@ def test_weighted_average_hand_made():
     assert int(out["n"]) == 5
     with pytest.raises(ValueError):
         weighted_average([a, b], [0, 0])
+
+
+def test_weighted_average_in_torch_gives_the_bits_of_a_float64_numpy_sum():
+    """The mean is summed in torch on the training device (an aggregation on the GPU); its
+    bits equal the float64 numpy sum of the same updates in the same order."""
+    rng = np.random.default_rng(0)
+    updates = [{"w": rng.standard_normal((64, 33)).astype(np.float32)} for _ in range(7)]
+    weights = [float(n) for n in rng.integers(1, 500, size=7)]
+    shares = np.asarray(weights) / np.sum(weights)
+    expected = np.zeros((64, 33))
+    for share, update in zip(shares, updates):
+        expected += share * update["w"]
+    out = weighted_average(updates, weights, device="cpu")["w"]
+    assert out.dtype == np.float32 and np.array_equal(out, expected.astype(np.float32))
+    if torch.cuda.is_available():
+        on_gpu = weighted_average(updates, weights, device="cuda")["w"]
+        assert np.array_equal(on_gpu, out)

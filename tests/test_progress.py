@@ -142,3 +142,12 @@ def test_tensorboard_gets_every_numeric_metric(tmp_path):
     events.Reload()
     assert sorted(events.Tags()["scalars"]) == ["bytes_c2s", "test_accuracy"]
     assert [(e.step, e.value) for e in events.Scalars("test_accuracy")] == [(1, 0.25), (2, 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(-0.0, "0.000"), (-0.0004, "0.000"), (0.4, "0.400"), (-0.25, "-0.250")]
+)
+def test_the_header_prints_no_negative_zero(value, text):
+    from ssfl.cli import fixed
+
+    assert fixed(value, 3) == text

@@ -190,3 +190,34 @@ def test_ssfl_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(feds
     assert {k: v for k, v in resumed.items() if k not in excluded} == {
         k: v for k, v in straight.items() if k not in excluded
     }
+
+
+def test_a_round_appends_its_row_and_the_checkpoint_only_counts_the_rows(tmp_path, monkeypatch):
+    """The rows go to checkpoint-rows.jsonl, one line a round, each round appending only its
+    own (no re-dump of every row: quadratic over a 19,200-round cell); the checkpoint holds
+    their count, and a resumed run's rows are read back from the file."""
+    from tasks import checkpoint as ckpt
+
+    appended: list[int] = []
+    real_append = ckpt.append_rows
+    monkeypatch.setattr(
+        "strategies.loop.append_rows",
+        lambda f, rows: (appended.append(len(rows)), real_append(f, rows)),
+    )
+    rows = run_rounds(tiny_raw("fedavg_fixmatch"), tmp_path / "run")
+    lines = (tmp_path / "run" / ckpt.ROWS_FILE).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == json.loads(json.dumps(rows))
+    assert appended == [1, 1, 1]  # round 1 writes the file, rounds 2-4 append one row each
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert state["rows"] == 4 and ckpt.checkpoint_rows(tmp_path / "run" / "checkpoint.pt", state)
+    (tmp_path / "run" / ckpt.ROWS_FILE).write_text("\n".join(lines[:3]) + "\n")
+    with pytest.raises(CheckpointError, match=r"holds 3 rows; the checkpoint .* needs 4$"):
+        ckpt.checkpoint_rows(tmp_path / "run" / "checkpoint.pt", state)
+
+
+def test_a_checkpoint_holding_its_rows_as_json_text_still_resumes(tmp_path):
+    """Checkpoints written before the rows file held the rows as one JSON text."""
+    from tasks.checkpoint import checkpoint_rows
+
+    rows = [{"round": 1, "test_accuracy": 0.5}, {"round": 2, "test_accuracy": 0.625}]
+    assert checkpoint_rows(tmp_path / "checkpoint.pt", {"rows": json.dumps(rows)}) == rows

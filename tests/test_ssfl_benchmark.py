@@ -392,9 +392,9 @@ def test_server_weight_reaches_eq4_and_eq7(monkeypatch, method, sizes):
     seen: list[list[float]] = []
     average = aggregate.weighted_average
 
-    def recorded(updates, weights):
+    def recorded(updates, weights, device="cpu"):
         seen.append(list(weights))
-        return average(updates, weights)
+        return average(updates, weights, device)
 
     monkeypatch.setattr(aggregate, "weighted_average", recorded)
     run_harness({**ssfl_raw(method, server_weight=3.0), "rounds": 1}, InProcessGrid(4))
