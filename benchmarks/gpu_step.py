@@ -95,9 +95,8 @@ def client_rate(
 
 def bare_loop(
     model: str, dataset: str, batch: int, amp: str, steps: int, device: str
-) -> tuple[Callable[[], None], torch.Tensor, torch.Tensor]:
-    """One plain training step (fixed input of both views' size, cross-entropy, SGD) and its
-    input and labels."""
+) -> Callable[[], None]:
+    """One plain training step: a fixed input of both views' size, cross-entropy, SGD."""
     settings = experiment(model, dataset, batch, amp, steps, device)
     info = dataset_info(settings.dataset.name)
     dev = torch.device(device)
@@ -116,7 +115,7 @@ def bare_loop(
         loss.backward()
         opt.step()
 
-    return step, x, y
+    return step
 
 
 def timed_rate(run: Callable[[], None], batch: int, steps: int, device: str) -> float:
@@ -133,7 +132,7 @@ def bare_images_per_s(
     model: str, dataset: str, batch: int, amp: str, steps: int, device: str
 ) -> float:
     """Images/s of the plain eager loop, after a warm-up."""
-    step, _, _ = bare_loop(model, dataset, batch, amp, steps, device)
+    step = bare_loop(model, dataset, batch, amp, steps, device)
     for _ in range(max(2, steps // 5)):
         step()
     return timed_rate(step, batch, steps, device)
@@ -146,7 +145,7 @@ def bare_graphed_images_per_s(
     PyTorch's whole-network capture) and replayed; None off a GPU."""
     if device != "cuda":
         return None
-    step, _, _ = bare_loop(model, dataset, batch, amp, steps, device)
+    step = bare_loop(model, dataset, batch, amp, steps, device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture stream, as capture needs
