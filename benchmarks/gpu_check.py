@@ -7,7 +7,7 @@ of time is recorded in the JSON with its one-line reason, and the check goes on.
 step prints one summary line as it ends. ``--cpu`` runs the same steps on the CPU at
 tiny sizes (CI).
 
-    python -m benchmarks.gpu_check --json gpu-check.json [--cpu] [--methods a,b]
+    python -m benchmarks.gpu_check --json gpu-check.json [--cpu] [--methods a,b] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -41,6 +42,7 @@ FIRST = ("fedseal", "fedmatch", "fedavg_fixmatch", "fedsup", "fedossl", "fedavg_
 # FedoSSL's open world; rounds of T steps for the SSFL benchmark's methods).
 METHOD_SETTINGS: dict[str, dict[str, Any]] = {
     "fedmatch": {"algo": {"helper_interval": 1, "num_helpers": 1}},
+    "fedsup": {"eval": {"protocol_every": 2, "finetune_epochs": 1, "linear_epochs": 1}},
     "fedrgd": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 2}},
     "fedavg_with_server": {"server": {"bootstrap_epochs": 0, "epochs": 0, "local_steps": 2}},
     "fedossl": {
@@ -251,6 +253,8 @@ def tiny_experiment(method: str, ctx: Context) -> dict[str, Any]:
         },
         "server": {"bootstrap_epochs": 1, "epochs": 1, "batch_size": s.batch},
         "client": {"batch_size": s.batch, **({"local_steps": 2} if method in STEP_METHODS else {})},
+        # The clients' models tested too; FedSup's protocols (5.1.2) at the last round.
+        "eval": {"local_models": True},
     }
     for key, values in METHOD_SETTINGS.get(method, {}).items():
         raw[key] = {**raw.get(key, {}), **values}
@@ -490,7 +494,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget", type=float, help="seconds for the whole check (default 470; --cpu 1500)"
     )
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep every run's output under DIR (methods/<method>/, ...) instead of a "
+        "temporary folder",
+    )
     return parser.parse_args(argv)
+
+
+@contextmanager
+def work_folder(keep: str | None) -> Iterator[Path]:
+    """``--keep``'s folder (created), else a temporary one removed at the end."""
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield Path(keep)
+        return
+    with tempfile.TemporaryDirectory(prefix="ssfl-gpu-check-") as work:
+        yield Path(work)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,8 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"gpu-check: error: unknown methods {unknown}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="ssfl-gpu-check-") as work:
-        ctx = Context(args.cpu, CPU if args.cpu else GPU, Path(work), methods, problems=[])
+    with work_folder(args.keep) as work:
+        ctx = Context(args.cpu, CPU if args.cpu else GPU, work, methods, problems=[])
         report = check(ctx, args.budget or TOTAL_BUDGET_S["cpu" if args.cpu else "gpu"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

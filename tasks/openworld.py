@@ -42,9 +42,11 @@ def forward(model: nn.Module, x: Tensor, scale: float) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def predict(model: nn.Module, x: Tensor, scale: float, batch_size: int) -> tuple[Tensor, Tensor]:
-    """(embeddings, logits) of ``x`` in eval mode, batched."""
+    """(embeddings, logits) of ``x`` in eval mode, batched; empty ones for no images (a client
+    without labeled images)."""
     model.eval()
-    parts = [forward(model, x[i : i + batch_size], scale) for i in range(0, len(x), batch_size)]
+    starts = range(0, max(len(x), 1), batch_size)
+    parts = [forward(model, x[i : i + batch_size], scale) for i in starts]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
@@ -176,8 +178,7 @@ def pair_indices(features: Tensor, labels: Tensor, num_labeled: int, generator=N
         y = labels[:num_labeled]
         same = (y[:, None] == y[None, :]).float()
         same.fill_diagonal_(0.0)
-        alone = same.sum(dim=1) == 0
-        same[alone, torch.nonzero(alone).flatten()] = 1.0
+        same.diagonal().copy_(same.sum(dim=1) == 0)  # alone: itself, without a host sync
         noise = torch.rand(same.shape, generator=generator).to(same.device)
         pair[:num_labeled] = (same * (noise + 1.0)).argmax(dim=1)
     return pair

@@ -7,23 +7,95 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.gpu_check import CPU, GPU, Context, UtilSampler, phases, tiny_experiment
 from benchmarks.gpu_step import significant
+from ssfl.cli import main
 from ssfl.experiment import resolve_config
 from ssfl.registry import METHODS
+from tasks.data import dataset_info
+from tasks.models import model_for, without_ssl_heads
+from tasks.settings import ModelSettings
 from tests.conftest import ROOT
 
 STEPS = ("environment", "methods", "training_step", "round", "cifar")
+ROUND_KEYS = {"round", "test_accuracy", "test_loss", "seconds", "bytes_s2c", "bytes_c2s"}
+TOP_KEYS = {"method", "dataset", "scenario", "config", "seed", "split", "rounds"}
+TOP_KEYS |= {"final_test_accuracy", "best_test_accuracy", "wall_seconds"}
+
+
+def state_bytes(mcfg: ModelSettings) -> int:
+    """Bytes of a synthetic28 model's state dict."""
+    model = model_for(mcfg, dataset_info("synthetic28"))
+    return sum(v.numel() * v.element_size() for v in model.state_dict().values())
+
+
+def check_method_run(method: str, out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One method's 2-round ``ssfl run`` of the check (CPU sizes: 3 clients of 16 images, every
+    client a round): its results, files, kept model and bytes on the wire."""
+    res = json.loads((out / "results.json").read_text())
+    assert set(res) >= TOP_KEYS and res["method"] == method
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert all(set(r) >= ROUND_KEYS for r in res["rounds"])
+    assert 0.0 <= res["final_test_accuracy"] <= 1.0
+    sizes = res["split"]["client_sizes"]  # FedoSSL's open world: its classes' samples
+    assert sizes == [CPU.client_images] * CPU.clients if method != "fedossl" else len(sizes) == 3
+    stages = ("server_main", "server_built", "nodes_found", "first_round", "finished")
+    times = [res["timeline"][stage] for stage in stages]
+    assert times == sorted(times)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len((out / "metrics.csv").read_text().splitlines()) == 3
+    assert (out / "accuracy.png").stat().st_size > 0
+    # The kept model gives back the run's final test accuracy (FedoSSL: its acc_all).
+    assert main(["evaluate", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"test_accuracy={res['final_test_accuracy']:.4f}"
+    )
+    last = res["rounds"][-1]
+    if method == "server_sl":
+        assert last["bytes_c2s"] == 0 and "final_local_accuracy" not in res
+        return
+    assert res["final_local_accuracy"] == last["local_accuracy"]
+    assert 0.0 <= last["local_accuracy"] <= 1.0
+    assert last["clients"] == CPU.clients and last["bytes_c2s"] > 0
+    check_bytes(method, res)
+
+
+def check_bytes(method: str, res: dict) -> None:
+    """What the server sends beyond the model, and FedMatch's sparse payloads."""
+    last, n = res["rounds"][-1], CPU.clients
+    extra = last["bytes_s2c"] - last["bytes_c2s"]
+    if method == "fedseal":
+        assert 0 < extra < n * 1000  # tau: 10 float32 per client, plus array headers
+    elif method == "fedsup":  # f_Server travels down beside the online network
+        teacher = n * state_bytes(without_ssl_heads(ModelSettings(**res["config"]["model"])))
+        assert teacher <= extra <= teacher + n * 5000  # + array headers
+        for protocol in ("finetune", "linear"):
+            assert res[f"final_{protocol}_accuracy"] == last[f"{protocol}_accuracy"]
+    elif method == "fedossl":  # global centroids down; local centroids and seen sums up
+        roles = res["split"]["class_roles"]["roles"]
+        seen, local = roles.count("S"), res["config"]["algo"]["local_centroids"]
+        assert {"acc_seen", "acc_lu", "acc_gu", "best_acc_all"} <= set(last)
+        up_minus_down = 4 * 128 * (local + seen - len(roles)) + seen * 4
+        assert n * up_minus_down <= -extra <= n * (up_minus_down + 1000)  # + npy headers
+    elif method == "fedmatch":  # sparse payloads: sigma + psi down, psi up
+        assert last["bytes_c2s"] <= last["bytes_c2s_dense"] + n * 2000  # npy headers
+        assert last["bytes_s2c_dense"] > 0 and 0 < last["c2s_ratio"] <= 1.01
+    else:
+        assert extra == 0
+        assert res["split"]["noniid_r"] == 0.0
 
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
-    out = tmp_path / "check.json"
-    cmd = ["bash", "scripts/gpu-check.sh", "--cpu"]  # every registered method
+def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path, capsys):
+    """The check in CPU mode, every registered method; each method's run is then checked as a
+    complete ``ssfl run`` (CI's one run of every method through Flower's engine)."""
+    out, kept = tmp_path / "check.json", tmp_path / "kept"
+    cmd = ["bash", "scripts/gpu-check.sh", "--cpu", "--keep", str(kept)]  # every method
     proc = subprocess.run(
         [*cmd, "--json", str(out)],
         cwd=ROOT,
@@ -59,6 +131,8 @@ def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path):
         assert steps[name]["gpu_util_steady_mean"] is None
     assert len(steps["cifar"]["round_seconds"]) == 2 and steps["cifar"]["test_images"] == 100
     assert all(step["seconds"] > 0 for step in steps.values())
+    for name in sorted(METHODS):
+        check_method_run(name, kept / "methods" / name, capsys)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tasks.config import ConfigError
-from tasks.data import make_synthetic
+from tasks.data import dataset_info, make_synthetic
+from tasks.models import head_of, model_for
 from tasks.openworld import (
     aligned_self_training,
     balanced_kmeans,
@@ -33,13 +34,15 @@ from tasks.openworld import (
     open_world_pseudo_labels,
     pair_indices,
     pairwise_loss,
+    predict,
     role_agreement,
     sinkhorn,
     spherical_kmeans,
     suppressed_loss,
 )
 from tasks.partition import class_roles, make_split
-from tasks.settings import SplitSettings
+from tasks.settings import ModelSettings, SplitSettings
+from tasks.syncs import SyncCounter
 
 SCFG = SplitSettings(
     scenario="open_world",
@@ -209,6 +212,36 @@ def test_pairs_are_same_class_for_labeled_and_nearest_for_unlabeled():
     assert pair[0] == 2 and pair[2] == 0  # the other labeled 0
     assert pair[1] == 1  # alone in its class: itself
     assert pair[3] == 1 and pair[4] == 2  # nearest other sample
+
+
+def test_pairs_of_a_batch_with_lone_classes_read_nothing_back_to_the_host():
+    """A lone labeled sample pairs with itself through the diagonal, not a boolean index and
+    ``nonzero`` (two host syncs a step on a GPU); the pairs equal that indexed rule's."""
+    feats = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    labels = torch.cat([torch.arange(10), torch.randint(10, 20, (22,)), torch.full((32,), -1)])
+    with SyncCounter() as counter:
+        pair = pair_indices(
+            feats, labels, num_labeled=32, generator=torch.Generator().manual_seed(2)
+        )
+    assert counter.total == 0, counter.counts
+    y = labels[:32]
+    same = (y[:, None] == y[None, :]).float()
+    same.fill_diagonal_(0.0)
+    alone = same.sum(dim=1) == 0
+    same[alone, torch.nonzero(alone).flatten()] = 1.0
+    noise = torch.rand(same.shape, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(pair[:32], (same * (noise + 1.0)).argmax(dim=1))
+    assert torch.equal(pair[:10][alone[:10]], torch.arange(10)[alone[:10]])
+
+
+def test_predict_of_no_images_is_empty_features_and_logits():
+    """A client without labeled images (a tiny split) computes its seen-class sums over none."""
+    model = model_for(ModelSettings(), dataset_info("synthetic28"))
+    dim = head_of(model).weight.shape[1]
+    z, logits = predict(model, torch.zeros(0, 1, 28, 28), 10.0, batch_size=8)
+    assert z.shape == (0, dim) and logits.shape == (0, 10)
+    z, logits = predict(model, torch.rand(9, 1, 28, 28), 10.0, batch_size=4)
+    assert z.shape == (9, dim) and logits.shape == (9, 10)
 
 
 def test_pairwise_loss_is_minus_log_inner_product_with_the_partner():
