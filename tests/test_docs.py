@@ -18,7 +18,7 @@ def test_readme_is_at_most_15_kb():
 
 
 def test_every_relative_link_of_the_docs_resolves():
-    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
     for page in pages:
         for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
             if not target.startswith(("http://", "https://")):
