@@ -24,6 +24,7 @@ from ssfl.reproduce import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "tables"
+SHOWN = 1  # commands listed under a table per summary (the rest: in the summary)
 TOLERANCE = 1.5e-4  # the per-seed values are rounded to 4 decimals before the mean and std
 
 
@@ -39,6 +40,8 @@ class Block:
     table: str  # the ``ssfl reproduce`` table that holds the paper's numbers
     summaries: tuple[str, ...]
     columns: tuple[str, ...]
+    metric: str = "final_test_accuracy"  # every summary of the block records this one
+    baseline: str | None = None  # the row the lifts are over (None: the table's)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,36 @@ BLOCKS: dict[str, Block] = {
         summaries=("fedseal-table1", "fedseal-table1-seed0", "fedseal-table1-sl"),
         columns=("IID", "Non-IID"),
     ),
+    "fedmatch-table2": Block(
+        page="docs/fedmatch.md",
+        table="fedmatch-table2",
+        summaries=("fedmatch-table2-las",),
+        columns=("Labels-at-Server",),
+        metric="final_local_accuracy",
+        baseline="FedProx-FixMatch",
+    ),
+    "fedsup-table6": Block(
+        page="docs/fedsup.md",
+        table="fedsup-table6",
+        summaries=("fedsup-room-crossed", "fedsup-room-baselines"),
+        columns=("IID",),
+        metric="final_finetune_accuracy",
+        baseline="Centralized",
+    ),
+    "fedossl-table2": Block(
+        page="docs/fedossl.md",
+        table="fedossl-table2",
+        summaries=("fedossl-table2-s0",),
+        columns=("Table 2",),
+        metric="final_best_acc_all",
+        baseline="Fed-AO",
+    ),
+    "ssfl-fig2": Block(
+        page="docs/ssfl-benchmark.md",
+        table="ssfl-fig2",
+        summaries=("ssfl-fig2-long", "ssfl-fig2-long-s0"),
+        columns=("Non-IID",),
+    ),
 }
 
 WHY = "why-ours-differ"
@@ -70,12 +103,27 @@ STATUSES: tuple[Status, ...] = (
     ),
     Status("`fedavg_fixmatch`", FEDSEAL, "partly", ("fedseal-table1", "FedAvg-FixMatch", "IID")),
     Status("`fedavg_uda`", FEDSEAL, "partly", ("fedseal-table1", "FedAvg-UDA", "IID")),
-    Status("`fedmatch`", "docs/fedmatch.md", "partly"),
-    Status("`fedavg_with_server`", "docs/ssfl-benchmark.md", "partly"),
-    Status("`fedrgd`", "docs/ssfl-benchmark.md", "partly"),
-    Status("`fedsup`", "docs/fedsup.md", "not"),
+    Status(
+        "`fedmatch`",
+        "docs/fedmatch.md",
+        "partly",
+        ("fedmatch-table2", "FedMatch", "Labels-at-Server"),
+    ),
+    Status(
+        "`fedavg_with_server`",
+        "docs/ssfl-benchmark.md",
+        "partly",
+        ("ssfl-fig2", "FedAvg solution", "Non-IID"),
+    ),
+    Status(
+        "`fedrgd`",
+        "docs/ssfl-benchmark.md",
+        "partly",
+        ("ssfl-fig2", "Grouping-based solution", "Non-IID"),
+    ),
+    Status("`fedsup`", "docs/fedsup.md", "not", ("fedsup-table6", "FedSup", "IID")),
     Status("`fedavg_simclr`, `fedavg_simsiam`, `fedavg_byol`", "docs/fedsup.md", "not"),
-    Status("`fedossl`", "docs/fedossl.md", "partly"),
+    Status("`fedossl`", "docs/fedossl.md", "partly", ("fedossl-table2", "FedoSSL", "Table 2")),
 )
 README_BLOCK = "methods"
 
@@ -111,7 +159,10 @@ def cells(block: Block) -> dict[tuple[str, str], dict[str, Any]]:
     """The block's cells by (row, column); a cell of an earlier summary wins."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for name in block.summaries:
-        for cell in load(name)["cells"]:
+        summary = load(name)
+        if summary["metric"] != block.metric:
+            raise SummaryError(f"{name}: metric {summary['metric']}, the table's is {block.metric}")
+        for cell in summary["cells"]:
             found.setdefault((cell["row"], cell["column"]), cell)
     return found
 
@@ -142,7 +193,7 @@ def table_lines(block: Block) -> list[str]:
     """Ours beside the paper per column, then each three-seed row's lift over the baseline."""
     table, found = TABLES[block.table], cells(block)
     head = " | ".join(f"{c} ours | {c} paper" for c in block.columns)
-    lines = [f"| final test accuracy | {head} |", "|---|" + "---|---|" * len(block.columns)]
+    lines = [f"| {block.metric} | {head} |", "|---|" + "---|---|" * len(block.columns)]
     for row in table.rows:
         if not any((row.label, c) in found for c in block.columns):
             continue
@@ -150,7 +201,7 @@ def table_lines(block: Block) -> list[str]:
             f"{shown(found.get((row.label, c)))} | {paper(row.paper.get(c))}" for c in block.columns
         ]
         lines.append(f"| {row.label} | " + " | ".join(parts) + " |")
-    base = {r.label: r for r in table.rows}.get(table.baseline)
+    base = {r.label: r for r in table.rows}.get(block.baseline or table.baseline)
     for row in table.rows:
         if base is None or row is base:
             continue
@@ -176,8 +227,16 @@ def paper_lift(value: float | None, base: float | None) -> str:
 
 
 def commands(block: Block) -> list[str]:
-    """The commands of the block's summaries, as the note under the table."""
-    return [f"- `{command}`" for name in block.summaries for command in load(name)["commands"]]
+    """The commands of the block's summaries, as the note under the table: up to
+    ``SHOWN`` of a summary's, the rest named by the summary's file."""
+    lines = []
+    for name in block.summaries:
+        found = load(name)["commands"]
+        lines += [f"- `{command}`" for command in found[:SHOWN]]
+        if len(found) > SHOWN:
+            rest = len(found) - SHOWN
+            lines.append(f"- and {rest} more in `results/tables/{name}/seeds.json`")
+    return lines
 
 
 def block_text(name: str, old: str) -> str:
@@ -186,9 +245,8 @@ def block_text(name: str, old: str) -> str:
         return "\n".join(readme_lines(old.splitlines()))
     block = BLOCKS[name]
     note = (
-        "Generated by `python -m ssfl.tables` from `results/tables/` (summaries transcribed "
-        "from the lab notebook, made by the commands below); a difference is bold beyond "
-        "twice the larger std, else a tie."
+        "Generated by `python -m ssfl.tables` from `results/tables/`; a "
+        "difference is bold beyond twice the larger std, else a tie. Made by:"
     )
     return "\n".join([*table_lines(block), "", note, "", *commands(block)])
 

@@ -11,7 +11,7 @@ import pytest
 from ssfl import tables
 from tests.conftest import ROOT
 
-METHOD_PAGES = ["fedseal"]
+METHOD_PAGES = ["fedseal", "fedmatch", "fedsup", "fedossl", "ssfl-benchmark"]
 
 
 def test_the_generated_tables_are_those_the_summaries_give():
