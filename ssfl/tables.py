@@ -158,11 +158,19 @@ def check_cell(path: Path, cell: dict[str, Any]) -> None:
 def cells(block: Block) -> dict[tuple[str, str], dict[str, Any]]:
     """The block's cells by (row, column); a cell of an earlier summary wins."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
+    labels = {row.label for row in TABLES[block.table].rows}
     for name in block.summaries:
         summary = load(name)
-        if summary["metric"] != block.metric:
-            raise SummaryError(f"{name}: metric {summary['metric']}, the table's is {block.metric}")
+        if (summary["table"], summary["metric"]) != (block.table, block.metric):
+            raise SummaryError(
+                f"{name}: {summary['table']} / {summary['metric']}, "
+                f"the block's is {block.table} / {block.metric}"
+            )
         for cell in summary["cells"]:
+            if cell["row"] not in labels or cell["column"] not in block.columns:
+                raise SummaryError(
+                    f"{name}: {cell['row']!r} ({cell['column']}) is no cell of {block.table}"
+                )
             found.setdefault((cell["row"], cell["column"]), cell)
     return found
 
@@ -177,10 +185,9 @@ def shown(cell: dict[str, Any] | None) -> str:
 
 
 def lift(cell: dict[str, Any], base: dict[str, Any]) -> str:
-    """The difference of two means, bold beyond twice the larger std, else a tie."""
+    """The difference of two means (seeds on both sides), bold beyond twice the larger std,
+    else a tie."""
     diff = cell["mean"] - base["mean"]
-    if min(cell["n"], base["n"]) < 2:
-        return f"{diff:+.4f} (1 seed)"
     line = 2 * max(cell["std"], base["std"])
     return (
         f"**{diff:+.4f}** (> {line:.4f})"

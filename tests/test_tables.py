@@ -70,3 +70,12 @@ def test_a_readme_row_without_a_verdict_is_refused(monkeypatch, tmp_path, capsys
     readme.write_text(text)
     assert tables.main([]) == 1
     assert "'`fedfoo` ([docs](docs/ssfl-benchmark.md))' has no status" in capsys.readouterr().err
+
+
+def test_a_cell_the_table_does_not_have_is_refused(monkeypatch, tmp_path, capsys):
+    path = copy(monkeypatch, tmp_path)
+    summary = json.loads(path.read_text())
+    summary["cells"][0]["row"] = "Server-SI"
+    path.write_text(json.dumps(summary))
+    assert tables.main(["--check"]) == 1
+    assert "'Server-SI' (IID) is no cell of fedseal-table1" in capsys.readouterr().err
