@@ -18,11 +18,37 @@ def test_readme_is_at_most_15_kb():
 
 
 def test_every_relative_link_of_the_docs_resolves():
-    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
     for page in pages:
         for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
             if not target.startswith(("http://", "https://")):
                 assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub writes it: lower case, punctuation dropped, spaces -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page) -> set[str]:
+    """The anchors of a page's headings (lines in code blocks are no headings)."""
+    found, in_code = set(), False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and re.match(r"#+ ", line):
+            found.add(slug(line.lstrip("#")))
+    return found
+
+
+def test_every_anchor_a_page_links_is_a_heading_of_its_target():
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        for path, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+            target = (page.parent / path) if path else page
+            if path.startswith(("http://", "https://")) or target.suffix != ".md":
+                continue
+            assert anchor in anchors(target), f"{page.name}: {path}#{anchor}"
 
 
 def test_every_method_is_in_the_readme_and_every_key_in_the_reference():

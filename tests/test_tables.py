@@ -1,0 +1,81 @@
+"""Tables that cannot go stale: the method pages' and the README's results tables are those the
+committed summaries under results/tables/ generate, and the method pages stay short."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from ssfl import tables
+from tests.conftest import ROOT
+
+METHOD_PAGES = ["fedseal", "fedmatch", "fedsup", "fedossl", "ssfl-benchmark"]
+
+
+def test_the_generated_tables_are_those_the_summaries_give():
+    assert tables.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("name", METHOD_PAGES)
+def test_each_method_page_is_at_most_12_kb_and_links_its_lab_notebook(name):
+    page = ROOT / "docs" / f"{name}.md"
+    assert len(page.read_bytes()) <= 12_000
+    assert f"(log/{name}.md)" in page.read_text()
+    assert (ROOT / "docs" / "log" / f"{name}.md").is_file()
+
+
+def copy(monkeypatch, tmp_path):
+    """The summaries and the pages with blocks, copied into tmp_path and used from there."""
+    shutil.copytree(tables.RESULTS, tmp_path / "results" / "tables")
+    for page in tables.pages():
+        target = tmp_path / page.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(page, target)
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "RESULTS", tmp_path / "results" / "tables")
+    return tmp_path / "results" / "tables" / "fedseal-table1" / "seeds.json"
+
+
+def test_a_changed_summary_makes_the_pages_stale_until_regenerated(monkeypatch, tmp_path):
+    path = copy(monkeypatch, tmp_path)
+    summary = json.loads(path.read_text())
+    cell = summary["cells"][1]  # FedSEAL, IID
+    assert (cell["row"], cell["column"]) == ("FedSEAL", "IID")
+    cell["values"], cell["mean"], cell["std"] = [0.8, 0.8, 0.8], 0.8, 0.0
+    path.write_text(json.dumps(summary))
+    assert tables.main(["--check"]) == 1
+    assert tables.main([]) == 0 and tables.main(["--check"]) == 0
+    page = (tmp_path / "docs" / "fedseal.md").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert "| FedSEAL | 0.8000 ± 0.0000 (3 seeds) | 0.8428 |" in page
+    assert "IID 0.8000 ± 0.0000 (3 seeds), paper 0.8428" in readme
+    assert "+0.0010 (tie, <= 0.0294)" in page  # 0.8000 - 0.7990, inside twice Server-SL's std
+
+
+def test_a_mean_that_disagrees_with_its_seeds_is_refused(monkeypatch, tmp_path, capsys):
+    path = copy(monkeypatch, tmp_path)
+    summary = json.loads(path.read_text())
+    summary["cells"][0]["mean"] = 0.8100  # Server-SL IID: its seeds give 0.7990
+    path.write_text(json.dumps(summary))
+    assert tables.main(["--check"]) == 1
+    assert "mean 0.81 but the values give 0.7990" in capsys.readouterr().err
+
+
+def test_a_readme_row_without_a_verdict_is_refused(monkeypatch, tmp_path, capsys):
+    copy(monkeypatch, tmp_path)
+    readme = tmp_path / "README.md"
+    text = readme.read_text().replace("| `fedrgd` (", "| `fedfoo` (")
+    readme.write_text(text)
+    assert tables.main([]) == 1
+    assert "'`fedfoo` ([docs](docs/ssfl-benchmark.md))' has no status" in capsys.readouterr().err
+
+
+def test_a_cell_the_table_does_not_have_is_refused(monkeypatch, tmp_path, capsys):
+    path = copy(monkeypatch, tmp_path)
+    summary = json.loads(path.read_text())
+    summary["cells"][0]["row"] = "Server-SI"
+    path.write_text(json.dumps(summary))
+    assert tables.main(["--check"]) == 1
+    assert "'Server-SI' (IID) is no cell of fedseal-table1" in capsys.readouterr().err
