@@ -13,12 +13,48 @@ from tests.conftest import ROOT
 README = ROOT / "README.md"
 
 
-def test_readme_is_at_most_15_kb():
-    assert len(README.read_bytes()) <= 15_000
+def test_readme_is_at_most_10_kb():
+    assert len(README.read_bytes()) <= 10_240
+
+
+def quickstart_transcript() -> list[str]:
+    """The lines of the README's quickstart transcript (the block after its marker)."""
+    text = README.read_text()
+    match = re.search(r"<!-- quickstart-transcript -->\s*```\n(.*?)```", text, re.S)
+    assert match, "README.md has no quickstart-transcript block"
+    return match.group(1).splitlines()
+
+
+def test_the_readmes_quickstart_transcript_has_the_shape_a_run_prints():
+    """Its shape, not its digits (they differ between CPU kinds, as the README says): the
+    header, a line per round in order, the summary whose final and best accuracy are the
+    rounds' last and largest."""
+    lines = [line for line in quickstart_transcript() if not line.startswith("Successfully ")]
+    header, *rounds, summary = lines
+    assert re.fullmatch(
+        r"ssfl: fedseal on synthetic28 \(iid, R=0\.000\), 3 clients, 3 rounds -> runs/quickstart",
+        header,
+    )
+    accuracies = []
+    for k, line in enumerate(rounds, 1):
+        end = "done" if k == 3 else r"(\d+m )?\d+s left"
+        found = re.fullmatch(
+            rf"round {k}/3  test_accuracy (0\.\d{{4}})  \d+\.\d s/round  {end}", line
+        )
+        assert found, line
+        accuracies.append(found.group(1))
+    assert len(accuracies) == 3
+    found = re.fullmatch(
+        r"final_test_accuracy (0\.\d{4})  best_test_accuracy (0\.\d{4})  "
+        r"wall_seconds \d+\.\d  -> runs/quickstart/results\.json",
+        summary,
+    )
+    assert found and found.groups() == (accuracies[-1], max(accuracies)), summary
+    assert "differ between CPU kinds" in README.read_text()
 
 
 def test_every_relative_link_of_the_docs_resolves():
-    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    pages = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
     for page in pages:
         for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
             if not target.startswith(("http://", "https://")):
