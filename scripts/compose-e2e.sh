@@ -9,7 +9,11 @@
 #      4 decimals, with both nodes counted every round;
 #   2. a short 4-round run in which node 0's SuperNode container is SIGKILLed after round 1
 #      and started again once round 2 is recorded: round 2 goes on without it (once the
-#      SuperLink finds it offline), the last round counts it again.
+#      SuperLink finds it offline), the last round counts it again;
+#   3. FedSEAL (kept momentum: state a client carries between rounds) stopped after round 1,
+#      the edge machine's containers removed and created again from the docs' steps (its
+#      state on the node-state volume), then resumed: its rounds equal an uninterrupted
+#      `ssfl run` in simulation to 4 decimals.
 # Everything started here is removed at the end. Prints the wall seconds of each step.
 #
 #   bash scripts/compose-e2e.sh           all of it
@@ -271,17 +275,25 @@ print(sum(n["status"] == "online" for n in json.load(sys.stdin)["nodes"]))')" = 
 }
 step "both nodes registered and online" nodes_online
 
-# submit NAME OVERRIDES: run the experiment on the containers; results in $SSFL_RUNS/NAME.
+# run_config NAME OVERRIDES [EXPERIMENT] [MORE]: the run config of a run on the containers.
+run_config() {
+  echo "experiment='${3:-$EXP}' overrides='$2;dataset.root=/app/data' out-dir='/app/runs/$1'${4:+ $4}"
+}
+# run_status RUN_ID: e.g. finished:completed, running.
+run_status() {
+  "$PY" -c "import os; from ssfl.runner import run_status; print(run_status(os.environ, 'ssfl', '$1'))"
+}
+# submit NAME OVERRIDES [EXPERIMENT] [MORE]: run the experiment on the containers (MORE: more
+# run config, e.g. resume=true); results in $SSFL_RUNS/NAME.
 submit() {
-  local name=$1 overrides=$2 output run_id status
+  local name=$1 output run_id status
   mkdir -p "$WORK/app"
-  output=$("$FLWR" run "$(stage_app)" ssfl --stream --run-config \
-    "experiment='$EXP' overrides='$overrides;dataset.root=/app/data' out-dir='/app/runs/$name'" 2>&1) ||
+  output=$("$FLWR" run "$(stage_app)" ssfl --stream --run-config "$(run_config "$@")" 2>&1) ||
     die "flwr run failed: $(echo "$output" | tail -3)"
   echo "$output" >"$WORK/$name.log"
   run_id=$(echo "$output" | grep -o 'Successfully started run [0-9]*' | grep -o '[0-9]*$') ||
     die "flwr run did not start the run: $(echo "$output" | tail -1)"
-  status=$("$PY" -c "import os; from ssfl.runner import run_status; print(run_status(os.environ, 'ssfl', '$run_id'))")
+  status=$(run_status "$run_id")
   [ "$status" = finished:completed ] || die "run $run_id ended as $status"
   [ -f "$SSFL_RUNS/$name/results.json" ] || die "run $run_id wrote no results.json"
 }
@@ -319,12 +331,11 @@ for d, s in zip(deployed, simulated):
 EOF
 
 # --- 2. Node 0's SuperNode container killed mid-run and started again ----------------------
-# wait_round N: until the fault run has recorded round N.
+# wait_round N [NAME]: until run NAME (default: the fault run) has recorded round N.
 wait_round() {
-  local deadline=$((SECONDS + 600))
-  until [ -f "$SSFL_RUNS/fault/metrics.jsonl" ] &&
-    grep -q "\"round\": $1[,}]" "$SSFL_RUNS/fault/metrics.jsonl"; do
-    [ $SECONDS -lt $deadline ] || die "round $1 of the fault run not recorded in 600 s"
+  local deadline=$((SECONDS + 600)) rows=$SSFL_RUNS/${2:-fault}/metrics.jsonl
+  until [ -f "$rows" ] && grep -q "\"round\": $1[,}]" "$rows"; do
+    [ $SECONDS -lt $deadline ] || die "round $1 of the ${2:-fault} run not recorded in 600 s"
     sleep 0.2
   done
 }
@@ -358,6 +369,65 @@ print(
 EOF
 }
 step "run: node killed and restarted" fault_run
+
+# --- 3. FedSEAL resumed after the edge machine's containers were re-created ----------------
+SEAL_EXP=experiments/fmnist-las/fedseal.yaml
+SEAL_SETS="rounds=3;split.num_clients=2;server.bootstrap_epochs=2;client.keep_momentum=true"
+# The uninterrupted run, in simulation (the same split: node 1's folder is partition 1).
+seal_simulation() {
+  "$PY" -m ssfl.cli run "$SEAL_EXP" --nodes 2 --rounds 3 --set server.bootstrap_epochs=2 \
+    --set client.keep_momentum=true --out "$WORK/sim-seal" --quiet >"$WORK/sim-seal.log" 2>&1 ||
+    die "ssfl run (FedSEAL simulation) failed: $(tail -3 "$WORK/sim-seal.log")"
+}
+# The edge machine's containers removed (stopped first, so its SuperNode leaves the SuperLink)
+# and created again by the docs' start step; the node-state volume stays.
+recreate_edge() {
+  local ids
+  ids=$(docker ps -aq --filter "label=com.docker.compose.project=$EDGE_PROJECT")
+  docker stop $ids >/dev/null && docker rm $ids >/dev/null
+  (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$(doc_block edge-start)" 2>&1 |
+    grep -v '^Creating\|^Starting' || true)
+}
+seal_resumed() {
+  local output run_id deadline sim
+  seal_simulation &
+  sim=$!
+  output=$("$FLWR" run "$(stage_app)" ssfl --run-config "$(run_config seal "$SEAL_SETS" "$SEAL_EXP")" 2>&1) ||
+    die "flwr run (FedSEAL) failed: $(echo "$output" | tail -3)"
+  run_id=$(echo "$output" | grep -o 'Successfully started run [0-9]*' | grep -o '[0-9]*$') ||
+    die "flwr run did not start the FedSEAL run: $(echo "$output" | tail -1)"
+  wait_round 1 seal
+  "$FLWR" stop "$run_id" ssfl >/dev/null 2>&1 || die "flwr stop $run_id failed"
+  deadline=$((SECONDS + 120))
+  until [[ $(run_status "$run_id") == finished:* ]]; do
+    [ $SECONDS -lt $deadline ] || die "the stopped FedSEAL run $run_id did not end in 120 s"
+    sleep 1
+  done
+  say "FedSEAL stopped after round $(grep -c '"round"' "$SSFL_RUNS/seal/metrics.jsonl"); edge containers re-created"
+  recreate_edge
+  nodes_online >/dev/null
+  submit seal "$SEAL_SETS" "$SEAL_EXP" resume=true
+  wait "$sim" || exit 1
+  "$PY" - "$SSFL_RUNS/seal/results.json" "$WORK/sim-seal/results.json" <<'EOF'
+import json
+import sys
+
+resumed, straight = (json.load(open(path))["rounds"] for path in sys.argv[1:])
+assert [r["round"] for r in resumed] == [r["round"] for r in straight] == [1, 2, 3], "rounds"
+for r, s in zip(resumed, straight):
+    assert r["clients"] == 2 and r["failures"] == 0, f"round {r['round']}: {r}"
+    for key in ("test_accuracy", "test_loss"):
+        assert round(r[key], 4) == round(s[key], 4), f"round {r['round']} {key}: {r[key]} != {s[key]}"
+print(
+    "compose-e2e: FedSEAL resumed on re-created edge containers: test accuracy "
+    + ", ".join(f"{r['test_accuracy']:.4f}" for r in resumed)
+    + " (uninterrupted simulation: "
+    + ", ".join(f"{s['test_accuracy']:.4f}" for s in straight)
+    + ")"
+)
+EOF
+}
+step "FedSEAL: edge re-created, resumed" seal_resumed
 
 step "teardown" teardown
 say "$(printf '%-34s %6.1f s' "total" "$(echo "$(date +%s.%N) - $TOTAL" | bc)")"

@@ -114,9 +114,14 @@ def test_server_and_local_nodes_compose_runs_on_cpu():
     for k in (0, 1):
         node = svc[f"supernode-{k}"]
         check_supernode(node, "superlink:8000")
-        assert flags(node)["--node-config"] == f"partition-id={k} num-partitions=2"
+        assert flags(node)["--node-config"] == (
+            f"partition-id={k} num-partitions=2 state-path='/app/node-state'"
+        )
         assert mounts(node)["/app/keys/node"] == f"{ROOT}/certs/node{k}"
         check_clientapp(svc[f"superexec-clientapp-{k}"], f"supernode-{k}", "/app/data")
+        # Its client state on a volume of its own: a resumed run or a re-created container
+        # goes on from it (FedSEAL's self-ensemble, kept momentum).
+        assert mounts(svc[f"superexec-clientapp-{k}"])["/app/node-state"] == f"node-state-{k}"
 
 
 def test_gpu_override_gives_each_client_a_gpu():
