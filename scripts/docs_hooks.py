@@ -14,8 +14,6 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-REPO = Path(__file__).resolve().parents[1]
-HOME = REPO / "README.md"
 MOUNT = "source"  # the site folder that holds the copies of files outside docs/
 # An inline markdown link or image: ](target) or ](target#anchor), the target without spaces.
 LINK = re.compile(r"(\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
@@ -26,23 +24,33 @@ def docs_dir(config: MkDocsConfig) -> Path:
     return Path(config["docs_dir"]).resolve()
 
 
+def repo(config: MkDocsConfig) -> Path:
+    """The repository: the folder of mkdocs.yml."""
+    return Path(config.config_file_path).resolve().parent
+
+
+def home(config: MkDocsConfig) -> Path:
+    """The repository's README.md, the site's home page."""
+    return repo(config) / "README.md"
+
+
 def site_uri(path: Path, config: MkDocsConfig) -> str | None:
     """Where the repository file ``path`` is in the site (None: outside the repository)."""
-    if path == HOME:
+    if path == home(config):
         return "index.md"
     if path.is_relative_to(docs_dir(config)):
         return path.relative_to(docs_dir(config)).as_posix()
-    if path.is_relative_to(REPO):
-        return f"{MOUNT}/{path.relative_to(REPO).as_posix()}"
+    if path.is_relative_to(repo(config)):
+        return f"{MOUNT}/{path.relative_to(repo(config)).as_posix()}"
     return None
 
 
 def origin(file: File, config: MkDocsConfig) -> Path:
     """The repository file a site file was made from."""
     if file.src_uri == "index.md" and file.generated_by:
-        return HOME
+        return home(config)
     if file.src_uri.startswith(f"{MOUNT}/") and file.generated_by:
-        return REPO / file.src_uri.removeprefix(f"{MOUNT}/")
+        return repo(config) / file.src_uri.removeprefix(f"{MOUNT}/")
     return docs_dir(config) / file.src_uri
 
 
@@ -56,7 +64,7 @@ def targets(page: Path) -> list[Path]:
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Add README.md as index.md and a copy of every existing file outside docs/ that a page
     links to (followed through the copied pages' own links)."""
-    files.append(File.generated(config, "index.md", abs_src_path=str(HOME)))
+    files.append(File.generated(config, "index.md", abs_src_path=str(home(config))))
     pending = [origin(f, config) for f in files.documentation_pages()]
     while pending:
         for target in targets(pending.pop()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -58,3 +59,41 @@ def test_ci_builds_the_site_strictly_with_the_pinned_docs_extra():
     assert "mkdocs build --strict" in script and '"$OUT"' in script
     assert "bash scripts/docs.sh" in (ROOT / ".ci" / "run").read_text()
     assert Path(ROOT / "pyproject.toml").read_text().count("mkdocs==") == 1
+
+
+def small_repo(root: Path, link: str) -> Path:
+    """A repository with a README, one docs page linking to ``link`` and an experiment file;
+    its mkdocs.yml is the project's with this nav and the project's hooks."""
+    (root / "docs").mkdir(parents=True)
+    (root / "experiments").mkdir()
+    (root / "experiments" / "q.yaml").write_text("method: fedseal\n")
+    (root / "README.md").write_text("# Home\n\nSee [the page](docs/page.md).\n")
+    (root / "docs" / "page.md").write_text(f"# Page\n\nRun [this]({link}), [home](../README.md).\n")
+    config = site_config()
+    config.update(
+        nav=[{"Home": HOME}, {"Page": "page.md"}],
+        hooks=[str(ROOT / config["hooks"][0])],
+        markdown_extensions=["tables", "toc"],
+    )
+    (root / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    return root / "mkdocs.yml"
+
+
+@pytest.mark.slow
+def test_links_outside_docs_are_served_from_the_site_and_a_missing_file_fails(tmp_path):
+    pytest.importorskip("material", reason="the docs extra: bash scripts/docs.sh installs it")
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+    from mkdocs.exceptions import Abort
+
+    good = small_repo(tmp_path / "good", "../experiments/q.yaml")
+    build(load_config(str(good), site_dir=str(tmp_path / "site")))
+    page = (tmp_path / "site" / "page" / "index.html").read_text()
+    assert 'href="../source/experiments/q.yaml"' in page and 'href="../"' in page
+    assert (tmp_path / "site" / "source" / "experiments" / "q.yaml").read_text() == (
+        "method: fedseal\n"
+    )
+    assert 'href="page/"' in (tmp_path / "site" / "index.html").read_text()
+    bad = small_repo(tmp_path / "bad", "../experiments/missing.yaml")
+    with pytest.raises(Abort, match="strict mode"):
+        build(load_config(str(bad), site_dir=str(tmp_path / "site-bad")))
