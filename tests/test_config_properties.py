@@ -24,7 +24,7 @@ BASE = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
 KNOWN_KEYS = sorted(flatten(DEFAULTS))
 # Few examples and no deadline: the everyday tier's budget, on a shared 2-core machine.
 BOUNDED = settings(
-    max_examples=60,
+    max_examples=50,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -113,7 +113,7 @@ def test_any_set_value_is_read_or_refused_in_one_line(sets):
 
 
 @pytest.mark.filterwarnings("ignore")
-@settings(BOUNDED, max_examples=25)
+@settings(BOUNDED, max_examples=20)
 @given(text=documents())
 def test_ssfl_validate_exits_0_or_2_with_one_line(text, tmp_path, capsys):
     path = tmp_path / "generated.yaml"
