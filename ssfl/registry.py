@@ -67,12 +67,13 @@ def load(target: str) -> Any:
 
 
 def method(name: str) -> Method:
-    """The registered method ``name``; an unknown or renamed one is a ConfigError."""
-    if name in RENAMED:
+    """The registered method ``name``; an unknown or renamed one (or not a name: a list, a
+    mapping) is a ConfigError."""
+    if isinstance(name, str) and name in RENAMED:
         raise ConfigError(
             f"config key 'method': {name!r} was renamed to {RENAMED[name]!r}; use the new name"
         )
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         allowed = ", ".join(sorted(METHODS))
         raise ConfigError(f"config key 'method': unknown method {name!r} (allowed: {allowed})")
     return METHODS[name]

@@ -30,9 +30,16 @@ from tasks.settings import (
     show,
 )
 
+# The characters that break a line (str.splitlines), each shown as its escape instead.
+LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
 
 class ConfigError(ValueError):
-    """A bad experiment: unknown key, wrong type or a value outside the allowed set."""
+    """A bad experiment: unknown key, wrong type or a value outside the allowed set. Its
+    message is one line: a line break that a key or value brings is shown escaped (\\n)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message.translate(LINE_BREAKS))
 
 
 DEFAULTS: dict[str, Any] = defaults_of(Settings)

@@ -113,7 +113,8 @@ def check_mention(command: DocCommand) -> None:
 
 
 def test_the_docs_hold_the_commands_this_test_checks():
-    assert len(COMMANDS) >= 150
+    # 140: the reference's synopsis is generated usage now, whose lines are not commands
+    assert len(COMMANDS) >= 140
     assert {c.argv()[0] for c in COMMANDS if c.argv()} >= {"run", "reproduce", "sweep"}
     parser_commands = build_parser()._subparsers._group_actions[0].choices
     assert set(parser_commands) == SUBCOMMANDS

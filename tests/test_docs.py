@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from ssfl import reference
+from ssfl.cli import build_parser
 from ssfl.registry import METHODS
 from tasks.config import DEFAULTS, flatten
 from tasks.settings import keys_of
@@ -112,6 +113,25 @@ def test_the_generated_tables_hold_every_key_with_its_help_and_a_stale_file_fail
     monkeypatch.setattr(reference, "DOC", stale)
     assert reference.main(["--check"]) == 1
     assert reference.main([]) == 0 and reference.main(["--check"]) == 0
+
+
+def test_the_generated_commands_hold_every_option_of_every_subcommand():
+    block = reference.cli_block()
+    parser = build_parser()
+    for name, (_, sub) in reference.subcommands(parser).items():
+        assert f"### `ssfl {name}`" in block
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert option in ("-h", "--help") or f"`{option}`" in block, (name, option)
+    for option in ("--rows", "--columns", "--overwrite", "--ray-address", "--version"):
+        assert f"| `{option}`" in block
+
+
+def test_a_stale_command_table_fails_the_check(monkeypatch, tmp_path):
+    stale = tmp_path / "reference.md"
+    stale.write_text(reference.DOC.read_text().replace("| `--ray-address` ", "| `--ray` "))
+    monkeypatch.setattr(reference, "DOC", stale)
+    assert reference.main(["--check"]) == 1
 
 
 def test_the_default_experiment_is_the_same_everywhere():
