@@ -390,14 +390,14 @@ class ClientHalf(ABC):
         clipped to the round's clipping norm (tasks.privacy.clipped_model), and whether it
         was longer (Flower's norm bit, for the adaptive norm)."""
         received = self.content["arrays"]
-        model, over = clipped_model(
+        model, norm = clipped_model(
             dict(zip(sent.keys(), sent.to_numpy_ndarrays())),
             dict(zip(received.keys(), received.to_numpy_ndarrays())),
             float(self.config[KEY_CLIPPING_NORM]),
         )
         return ArrayRecord(
             array_dict={k: Array(np.array(v, order="C")) for k, v in model.items()}
-        ), over
+        ), norm > float(self.config[KEY_CLIPPING_NORM])
 
     def reply(self) -> RecordDict:
         metrics = self.run()

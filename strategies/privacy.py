@@ -88,25 +88,26 @@ class PrivateAggregator:
         self.started_from[pid] = sent
         return sent
 
-    def clip(self, updates: list[Update]) -> tuple[list[Update], int]:
+    def clip(self, updates: list[Update]) -> tuple[list[Update], int, list[float]]:
         """Each update clipped (``server_*``; ``client_*``: taken as sent, integer arrays the
-        start's) as an equal-weight update; how many were longer than the norm."""
-        out, clipped = [], 0
+        start's) as an equal-weight update; how many were longer than the norm (``client_*``:
+        as the clients' norm bits say) and each update's norm as it arrived."""
+        out, clipped, norms = [], 0, []
+        bound = math.inf if self.on_clients else self.clipping_norm
         for u in updates:
-            start = numpy_state(self.started_from[u.pid])
+            model, norm = clipped_model(u.arrays, numpy_state(self.started_from[u.pid]), bound)
             if self.on_clients:
-                model, over = clipped_model(u.arrays, start, math.inf)
-                over = bool(u.content["metrics"].get(KEY_NORM_BIT, False))
+                clipped += int(bool(u.content["metrics"].get(KEY_NORM_BIT, False)))
             else:
-                model, over = clipped_model(u.arrays, start, self.clipping_norm)
-            clipped += int(over)
+                clipped += int(norm > bound)
+            norms.append(norm)
             content = RecordDict({"arrays": to_record(model), "metrics": u.content["metrics"]})
             out.append(Update(u.pid, 1, content))
-        return out, clipped
+        return out, clipped, norms
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
         """The noised average of the clipped updates and the round's privacy metrics."""
-        private, clipped = self.clip(updates)
+        private, clipped, norms = self.clip(updates)
         record, metrics = self.inner.aggregate(server_round, private)
         std = compute_stdv(self.update_z, self.clipping_norm, len(private))
         rng = np.random.default_rng(derive_seed(self.settings.seed, "privacy", server_round))
@@ -116,6 +117,7 @@ class PrivateAggregator:
             {
                 "clipping_norm": self.clipping_norm,
                 "clipped_fraction": clipped / len(private),
+                "update_norm_median": float(np.median(norms)),
                 "noise_std": std,
                 **self.spent(),
             }

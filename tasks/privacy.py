@@ -30,10 +30,10 @@ def floating_keys(state: State) -> list[str]:
     return [key for key, value in state.items() if np.issubdtype(value.dtype, np.floating)]
 
 
-def clipped_model(model: State, start: State, bound: float) -> tuple[State, bool]:
+def clipped_model(model: State, start: State, bound: float) -> tuple[State, float]:
     """``start`` plus the update ``model - start`` of the floating arrays scaled to L2 norm
     at most ``bound`` (Flower's compute_clip_model_update, in float64), integer arrays the
-    start's; and whether the update was longer than ``bound``."""
+    start's; and the update's norm before clipping."""
     keys = floating_keys(start)
     params = [np.asarray(model[k], np.float64) for k in keys]
     starts = [np.asarray(start[k], np.float64) for k in keys]
@@ -42,7 +42,7 @@ def clipped_model(model: State, start: State, bound: float) -> tuple[State, bool
         compute_clip_model_update(params, starts, bound)
     out = dict(start)
     out.update({k: p.astype(start[k].dtype) for k, p in zip(keys, params)})
-    return out, norm > bound
+    return out, norm
 
 
 def round_event(noise_multiplier: float, rate: float, rounds: int) -> dp_event.DpEvent:

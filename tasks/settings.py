@@ -476,15 +476,17 @@ class PrivacySettings:
         "none",
         "`none`; `server_fixed` / `server_adaptive`: the server clips each client's update "
         "(client model minus the round's start model) to the clipping norm; `client_fixed` / "
-        "`client_adaptive`: each client clips its own before sending; every mode adds Gaussian "
-        "noise of std `noise_multiplier * clipping norm / sampled clients` to the aggregate; "
-        "`*_adaptive`: the norm follows the clipped quantile (Andrew et al. 2021)",
+        "`client_adaptive`: each client clips its own before sending; every mode averages the "
+        "clipped models with equal weights and adds Gaussian noise of std `noise_multiplier * "
+        "clipping norm / n` (n: the clients averaged); `*_adaptive`: the norm follows the "
+        "quantile `target_clipped_quantile` (docs/privacy.md)",
         choices=PRIVACY_MODES,
         ref="McMahan et al. 2018 (DP-FedAvg); Andrew et al. 2021 (adaptive clipping)",
     )
     noise_multiplier: float = setting(
         1.0,
-        "z: the aggregate's noise std over the clipping norm times the sampled clients",
+        "z: the noise's std times n (the clients averaged) over the clipping norm; 0 = no "
+        "noise, no guarantee (`epsilon` null)",
         rule=NON_NEGATIVE,
         ref="McMahan et al. 2018 (DP-FedAvg)",
     )

@@ -24,7 +24,15 @@ from tests.harness import InProcessGrid, run_method, tiny_raw, without_seconds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PRIVACY_KEYS = ("epsilon", "delta", "clipping_norm", "clipped_fraction", "noise_std", "norm_bit")
+PRIVACY_KEYS = (
+    "epsilon",
+    "delta",
+    "clipping_norm",
+    "clipped_fraction",
+    "update_norm_median",
+    "noise_std",
+    "norm_bit",
+)
 
 
 def norm_of(model: dict, start: dict) -> float:
@@ -49,10 +57,10 @@ def hand_made(rng: np.random.Generator, scale: float) -> tuple[dict, dict]:
 @pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
 def test_a_clipped_update_is_at_most_the_norm_and_a_short_one_is_kept(scale):
     start, model = hand_made(np.random.default_rng(1), scale)
-    out, over = clipped_model(model, start, 2.0)
-    before = norm_of(model, start)
+    out, before = clipped_model(model, start, 2.0)
+    over = before > 2.0
+    assert before == pytest.approx(norm_of(model, start))
     assert norm_of(out, start) <= 2.0 + 1e-5
-    assert over == (before > 2.0)
     if not over:
         assert all(np.array_equal(out[k], model[k]) for k in ("w", "b"))
     else:
