@@ -21,6 +21,7 @@ from strategies.privacy import PrivateAggregator
 from tasks.config import ConfigError, deep_merge
 from tasks.privacy import clipped_model, epsilon
 from tests.harness import InProcessGrid, run_method, tiny_raw, without_seconds
+from tests.test_resume import run_rounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -264,3 +265,19 @@ def test_clients_clip_their_replies_and_a_cohort_clips_each_client():
     assert [r["epsilon"] for r in rows] == sorted(r["epsilon"] for r in rows)
     cohort = deep_merge(raw, {"simulation": {"execution": "cohort", "workers": 2}})
     assert rows_of(cohort, 2) == without_seconds(rows)
+
+
+@pytest.mark.slow
+def test_a_resumed_private_run_keeps_its_clipping_norm_and_epsilon(tmp_path):
+    """server_adaptive: the adapted norm, the releases counted and the noise drawn after a
+    resume are those of the uninterrupted run."""
+    raw = deep_merge(
+        tiny_raw("fedseal"),
+        {"privacy": {"mode": "server_adaptive", "noise_multiplier": 0.5, "clipping_norm": 0.1}},
+    )
+    raw["privacy"]["clipped_count_stddev"] = 1.0
+    straight = run_rounds(raw, tmp_path / "straight", snapshot=tmp_path / "killed")
+    resumed = run_rounds(raw, tmp_path / "killed", resume=True)
+    assert without_seconds(resumed) == without_seconds(straight)
+    norms = [row["clipping_norm"] for row in straight]
+    assert len(set(norms)) == 4 and norms[0] == 0.1
