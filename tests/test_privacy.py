@@ -20,6 +20,7 @@ from strategies.parts import FedAvg, Update, numpy_state, to_record
 from strategies.privacy import PrivateAggregator
 from tasks.config import ConfigError, deep_merge
 from tasks.privacy import clipped_model, epsilon
+from tasks.results import Recorder
 from tests.harness import InProcessGrid, run_method, tiny_raw, without_seconds
 from tests.test_resume import run_rounds
 
@@ -182,6 +183,16 @@ def test_the_progress_line_shows_the_privacy_spent():
     assert "epsilon 2.35 (delta 1e-05)" in line
     assert "epsilon inf" in progress_line({"round": 3, "epsilon": None, "delta": 1e-5}, 9, [])
     assert "epsilon" not in progress_line({"round": 3, "test_accuracy": 0.5}, 9, [])
+
+
+def test_results_json_gives_the_last_rounds_epsilon_and_delta(tmp_path):
+    recorder = Recorder(tmp_path, settings_with(mode="server_fixed"), {})
+    for rnd, spent in ((1, 0.5), (2, 0.75)):
+        recorder.add_round({"round": rnd, "seconds": 1.0, "epsilon": spent, "delta": 1e-5})
+    results = recorder.results()
+    assert (results["epsilon"], results["delta"]) == (0.75, 1e-5)
+    recorder.settings = settings_with(mode="none")
+    assert "epsilon" not in recorder.results()
 
 
 # ----- Refusals ----------------------------------------------------------------------------
