@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 from torch import nn
 
 from ssfl.registry import settings_of
@@ -30,6 +31,7 @@ from tasks.augment import strong_augment, weak_augment
 from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import split_key, split_of_key, stream_slice, stream_step
+from tasks.privacy import clipped_model
 from tasks.settings import Settings, SplitSettings
 from tasks.train import (
     DEVICE_RECORD,
@@ -383,12 +385,28 @@ class ClientHalf(ABC):
         )
         return ArrayRecord(array_dict={k: Array(np.array(v, order="C")) for k, v in out.items()})
 
+    def clipped(self, sent: ArrayRecord) -> tuple[ArrayRecord, bool]:
+        """privacy.mode ``client_*``: ``sent`` with its update (against the model received)
+        clipped to the round's clipping norm (tasks.privacy.clipped_model), and whether it
+        was longer (Flower's norm bit, for the adaptive norm)."""
+        received = self.content["arrays"]
+        model, norm = clipped_model(
+            dict(zip(sent.keys(), sent.to_numpy_ndarrays())),
+            dict(zip(received.keys(), received.to_numpy_ndarrays())),
+            float(self.config[KEY_CLIPPING_NORM]),
+        )
+        return ArrayRecord(
+            array_dict={k: Array(np.array(v, order="C")) for k, v in model.items()}
+        ), norm > float(self.config[KEY_CLIPPING_NORM])
+
     def reply(self) -> RecordDict:
         metrics = self.run()
         self.save_momentum()
         content = RecordDict(self.reply_arrays())
         if self.attack in MODEL_ATTACKS:
             content["arrays"] = self.poisoned(content["arrays"])
+        if KEY_CLIPPING_NORM in self.config:
+            content["arrays"], metrics[KEY_NORM_BIT] = self.clipped(content["arrays"])
         content["metrics"] = MetricRecord(
             {
                 **{k: float(v) for k, v in metrics.items()},

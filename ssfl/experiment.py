@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr.supercore.differential_privacy import compute_adaptive_noise_params
+
 from ssfl.registry import METHODS, method
 from ssfl.runner import CHECKPOINT_FILE
 from tasks.config import (
@@ -91,6 +93,7 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     check_clients_train(name, settings.client, spec.client_half())
     check_attack(name, settings, spec.client_half())
     check_robust(name, settings, server.averages_models)
+    check_privacy(name, settings, server.privacy_refusal)
     return cfg
 
 
@@ -123,6 +126,39 @@ def check_robust(name: str, settings: Settings, averages_models: bool) -> None:
             "config key 'aggregate.validate_on_server': needs the server's validation set "
             "(split.val_size > 0)"
         )
+
+
+def check_privacy(name: str, settings: Settings, refusal: str) -> None:
+    """Refuse privacy.mode for a method whose clients send no dense model update (its
+    ``privacy_refusal`` says why) and the options the DP mean's noise does not cover."""
+    p = settings.privacy
+    if p.mode == "none":
+        return
+    if refusal:
+        raise ConfigError(f"config key 'privacy.mode': method {name!r} {refusal}")
+    for key, off in (("rule", "mean"), ("clip_norm", 0.0), ("validate_on_server", False)):
+        if getattr(settings.aggregate, key) != off:
+            raise ConfigError(
+                f"config key 'aggregate.{key}': privacy.mode calibrates its noise to the mean "
+                "of the clipped updates; leave aggregate.* at its defaults"
+            )
+    if settings.eval.local_models:
+        raise ConfigError(
+            "config key 'eval.local_models': it evaluates each client's un-noised model, "
+            "which privacy.mode does not cover; set it to false"
+        )
+    if -1 < p.clipped_count_stddev < 0:
+        raise ConfigError("config key 'privacy.clipped_count_stddev': -1 (auto) or >= 0")
+    if p.mode.endswith("adaptive"):
+        sampled = settings.federation.clients_per_round or settings.split.num_clients
+        given = None if p.clipped_count_stddev < 0 else p.clipped_count_stddev
+        try:
+            compute_adaptive_noise_params(p.noise_multiplier, sampled, given)
+        except ValueError:
+            raise ConfigError(
+                "config key 'privacy.clipped_count_stddev': the adaptive modes need it above "
+                f"noise_multiplier / 2 (auto: sampled clients / 20 = {sampled / 20:g})"
+            ) from None
 
 
 def check_clients_train(name: str, half: ClientSettings, client: Any) -> None:

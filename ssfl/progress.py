@@ -41,14 +41,26 @@ def duration(seconds: float) -> str:
 def progress_line(row: Row, total: int | None, seconds: Sequence[float]) -> str:
     """One round's line: ``round 3/50  test_accuracy 0.8123  12.3 s/round  9m 38s left``;
     ``seconds``: the round times seen so far (their mean estimates the time left);
-    ``total`` None: the run's length is unknown (no time left shown)."""
+    ``total`` None: the run's length is unknown (no time left shown). With privacy.mode
+    on, the privacy spent follows the accuracy: ``epsilon 2.31 (delta 1e-05)``."""
     rnd = int(row["round"])
     acc = f"  test_accuracy {row['test_accuracy']:.4f}" if "test_accuracy" in row else ""
+    acc += privacy_text(row)
     per_round = sum(seconds) / len(seconds) if seconds else 0.0
     line = f"round {rnd}{'' if total is None else f'/{total}'}{acc}  {per_round:.1f} s/round"
     if total is None:
         return line
     return f"{line}  {'done' if rnd >= total else duration(per_round * (total - rnd)) + ' left'}"
+
+
+def privacy_text(row: Row) -> str:
+    """``  epsilon 2.31 (delta 1e-05)`` for a row with the privacy spent (``inf``: no
+    noise), else ""."""
+    if "delta" not in row:
+        return ""
+    spent = row.get("epsilon")
+    shown = "inf" if spent is None else f"{spent:.2f}"
+    return f"  epsilon {shown} (delta {row['delta']:g})"
 
 
 class MetricsFollower:

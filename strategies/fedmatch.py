@@ -268,6 +268,10 @@ class FedMatch(ServerHalf):
     """Server half of FedMatch for both scenarios (``split.scenario``)."""
 
     averages_models = False  # sparse psi decoded against the public copy, not a model average
+    privacy_refusal = (
+        "sends a sparse decomposed update (psi) and helper models, not one dense model update "
+        "that DP-FedAvg clips"
+    )
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

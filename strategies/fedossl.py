@@ -333,6 +333,9 @@ class FedoSSL(ServerHalf):
 
     open_world = True
     averages_models = False  # kept personal heads and clustered centroids beside the average
+    privacy_refusal = (
+        "sends cluster centroids beside its model, which clipping a model update does not bound"
+    )
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -17,6 +17,11 @@ class FedRGD(FedAvgWithServer):
     """FedAvg with the server's model joining, grouped (eq. 7 in place of eq. 4); keys:
     client_app.pseudo_label.FedRGDSettings."""
 
+    privacy_refusal = (
+        "averages in groups (one model a group, each of fewer clients), which the one noised "
+        "mean of DP-FedAvg does not calibrate"
+    )
+
     @classmethod
     def aggregator(cls, server: ServerSide) -> GroupedAverage:
         algo = server.settings.algo

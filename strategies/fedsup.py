@@ -122,6 +122,10 @@ class FedSup(ServerHalf):
     """f_Server trained on the labels, online network from the clients, grouped average."""
 
     ssl_heads = frozenset({"model.projector_dim", "model.predictor_dim"})
+    privacy_refusal = (
+        "averages in groups (one model a group, each of fewer clients), which the one noised "
+        "mean of DP-FedAvg does not calibrate"
+    )
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from strategies.parts import (
     mean_metrics,
     record_bytes,
 )
+from strategies.privacy import PrivateAggregator
 from tasks.attack import attackers
 from tasks.checkpoint import (
     append_rows,
@@ -115,6 +116,9 @@ class RoundLoop(Strategy):
     ):
         self.server = server
         self.settings = server.settings
+        self.privacy: PrivateAggregator | None = None  # privacy.mode: the DP aggregator
+        if self.settings.privacy.mode != "none" and parts.aggregator is not None:
+            self.privacy = parts.aggregator = PrivateAggregator(server, parts.aggregator)
         self.parts = parts
         self.on_round = on_round
         self.nodes: dict[int, int] = {}
@@ -193,7 +197,7 @@ class RoundLoop(Strategy):
     ) -> ConfigRecord:
         """``config``'s entries, then the round number, client learning rate (decayed per
         round), the full config, the codec's entries and, for a client told to attack
-        (federation.attack), ``attack``."""
+        (federation.attack), ``attack``; privacy.mode ``client_*``: the clipping norm."""
         half = self.settings.client
         return ConfigRecord(
             {
@@ -202,6 +206,7 @@ class RoundLoop(Strategy):
                 "lr": half.lr * half.lr_decay ** (server_round - 1),
                 "ssfl-config": self.config_json,
                 **self.parts.codec.config(server_round, pid),
+                **(self.privacy.client_config() if self.privacy else {}),
                 **({"attack": True} if attacker else {}),
             }
         )
@@ -608,6 +613,9 @@ class ServerHalf:
     open_world: bool = False
     # Whether its aggregator averages models (then aggregate.* applies; else it is refused).
     averages_models: bool = True
+    # Why privacy.mode is refused for it ("": its clients send a dense model update that the
+    # DP mean clips and noises, strategies/privacy.py); completes "method NAME ...".
+    privacy_refusal: str = ""
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -18,6 +18,7 @@ class ServerSL(ServerHalf):
     """No client takes part; each round is E_s epochs on the server's labeled data."""
 
     averages_models = False  # no clients
+    privacy_refusal = "has no clients: no client privacy to spend"
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

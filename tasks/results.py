@@ -153,6 +153,7 @@ class Recorder:
             "final_test_accuracy": accs[-1] if accs else None,
             "best_test_accuracy": max(accs) if accs else None,
             **self.final_of_last_round(),
+            **self.privacy_spent(),
             "wall_seconds": time.time() - self.started,
             "timeline": {**self.timeline, "finished": time.time()},
             "devices": self.devices,
@@ -165,6 +166,14 @@ class Recorder:
         accuracies (eval.protocol_every), when recorded."""
         last = self.rows[-1] if self.rows else {}
         return {f"final_{k}": last[k] for k in FINAL_OF_LAST_ROUND if k in last}
+
+    def privacy_spent(self) -> dict[str, Any]:
+        """privacy.mode on: the last round's ``epsilon`` (null: no noise, no guarantee) at
+        its ``delta`` (strategies/privacy.py)."""
+        last = next((r for r in reversed(self.rows) if "delta" in r), None)
+        if self.settings.privacy.mode == "none" or last is None:
+            return {}
+        return {"epsilon": last["epsilon"], "delta": last["delta"]}
 
     def finish(self, failure: str | None = None) -> dict[str, Any]:
         """Write accuracy.png, then results.json (atomically: a reader that sees the file

@@ -463,6 +463,66 @@ class AggregateSettings:
     )
 
 
+# What ``privacy.mode`` may be: no privacy, or clipping on the server or the clients, with a
+# fixed or an adaptive clipping norm (Flower's four DP strategy wrappers).
+PRIVACY_MODES = ("none", "server_fixed", "server_adaptive", "client_fixed", "client_adaptive")
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """Client-level differential privacy of the clients' model updates (docs/privacy.md)."""
+
+    mode: str = setting(
+        "none",
+        "`none`; `server_fixed` / `server_adaptive`: the server clips each client's update "
+        "(client model minus the round's start model) to the clipping norm; `client_fixed` / "
+        "`client_adaptive`: each client clips its own before sending; every mode averages the "
+        "clipped models with equal weights and adds Gaussian noise of std `noise_multiplier * "
+        "clipping norm / n` (n: the clients averaged); `*_adaptive`: the norm follows the "
+        "quantile `target_clipped_quantile` (docs/privacy.md)",
+        choices=PRIVACY_MODES,
+        ref="McMahan et al. 2018 (DP-FedAvg); Andrew et al. 2021 (adaptive clipping)",
+    )
+    noise_multiplier: float = setting(
+        1.0,
+        "z: the noise's std times n (the clients averaged) over the clipping norm; 0 = no "
+        "noise, no guarantee (`epsilon` null)",
+        rule=NON_NEGATIVE,
+        ref="McMahan et al. 2018 (DP-FedAvg)",
+    )
+    clipping_norm: float = setting(
+        1.0,
+        "bound on each client update's L2 norm; `*_adaptive`: the initial norm",
+        rule=POSITIVE,
+        ref="McMahan et al. 2018 (DP-FedAvg)",
+    )
+    target_delta: float = setting(
+        1e-5,
+        "delta at which epsilon is reported (the results rows' `epsilon`, `delta`)",
+        rule=OPEN_UNIT,
+        ref="Mironov 2017 (RDP accountant, dp-accounting)",
+    )
+    target_clipped_quantile: float = setting(
+        0.5,
+        "`*_adaptive`: gamma, the fraction of updates the norm should leave unclipped",
+        rule=UNIT,
+        ref="Andrew et al. 2021",
+    )
+    clip_norm_lr: float = setting(
+        0.2,
+        "`*_adaptive`: eta_C, the geometric learning rate of the clipping norm",
+        rule=NON_NEGATIVE,
+        ref="Andrew et al. 2021",
+    )
+    clipped_count_stddev: float = setting(
+        -1.0,
+        "`*_adaptive`: sigma_b, the std of the noise on the unclipped count; -1 = sampled "
+        "clients / 20 (Flower's default)",
+        rule=Range(-1),
+        ref="Andrew et al. 2021",
+    )
+
+
 @dataclass(frozen=True)
 class SimulationSettings:
     num_cpus: int = setting(
@@ -623,6 +683,7 @@ class Settings:
     lr_schedule: LrScheduleSettings = field(default_factory=LrScheduleSettings)
     federation: FederationSettings = field(default_factory=FederationSettings)
     aggregate: AggregateSettings = field(default_factory=AggregateSettings)
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
     simulation: SimulationSettings = field(default_factory=SimulationSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
     augment: AugmentSettings = field(default_factory=AugmentSettings)

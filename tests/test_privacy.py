@@ -1,0 +1,294 @@
+"""Client-level differential privacy (privacy.*): clipping on hand-made updates, the noise's
+standard deviation per mode, the adaptive norm's direction, the accountant against a second
+one, the refusals, and tiny runs (noise 0 with a huge norm equals no privacy; clients clip
+their own replies, also in a cohort)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from flwr.app import MessageType, MetricRecord, RecordDict
+from flwr.supercore.differential_privacy import compute_adaptive_noise_params
+
+from ssfl.experiment import resolve_config
+from ssfl.progress import progress_line
+from ssfl.registry import settings_of
+from strategies.parts import FedAvg, Update, numpy_state, to_record
+from strategies.privacy import PrivateAggregator
+from tasks.config import ConfigError, deep_merge
+from tasks.privacy import clipped_model, epsilon
+from tasks.results import Recorder
+from tests.harness import InProcessGrid, run_method, tiny_raw, without_seconds
+from tests.test_resume import run_rounds
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PRIVACY_KEYS = (
+    "epsilon",
+    "delta",
+    "clipping_norm",
+    "clipped_fraction",
+    "update_norm_median",
+    "noise_std",
+    "norm_bit",
+)
+
+
+def norm_of(model: dict, start: dict) -> float:
+    keys = [k for k in start if np.issubdtype(start[k].dtype, np.floating)]
+    return float(np.sqrt(sum(np.sum((model[k] - start[k]).astype(np.float64) ** 2) for k in keys)))
+
+
+def hand_made(rng: np.random.Generator, scale: float) -> tuple[dict, dict]:
+    """A start model and a client model ``scale`` times a random update away, with an
+    integer buffer the client changed."""
+    start = {
+        "w": rng.normal(size=(20, 30)).astype(np.float32),
+        "b": rng.normal(size=30).astype(np.float32),
+        "count": np.array([5], dtype=np.int64),
+    }
+    model = {k: (v + scale * rng.normal(size=v.shape)).astype(v.dtype) for k, v in start.items()}
+    model["count"] = np.array([9], dtype=np.int64)
+    return start, model
+
+
+# ----- Clipping ---------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
+def test_a_clipped_update_is_at_most_the_norm_and_a_short_one_is_kept(scale):
+    start, model = hand_made(np.random.default_rng(1), scale)
+    out, before = clipped_model(model, start, 2.0)
+    over = before > 2.0
+    assert before == pytest.approx(norm_of(model, start))
+    assert norm_of(out, start) <= 2.0 + 1e-5
+    if not over:
+        assert all(np.array_equal(out[k], model[k]) for k in ("w", "b"))
+    else:
+        assert norm_of(out, start) == pytest.approx(2.0, rel=1e-5)
+        direction = (out["w"] - start["w"]).ravel() / (model["w"] - start["w"]).ravel()
+        assert np.allclose(direction, 2.0 / before, rtol=1e-3)  # scaled, not rotated
+    assert int(out["count"][0]) == 5  # an integer buffer is the start's
+    assert out["w"].dtype == np.float32
+
+
+# ----- The aggregator: noise and the adaptive norm --------------------------------------
+def settings_with(**privacy) -> object:
+    raw = deep_merge(tiny_raw("fedseal"), {"privacy": privacy})
+    raw["split"]["num_clients"], raw["federation"]["clients_per_round"] = 40, 4
+    return settings_of(resolve_config(raw))
+
+
+def private(settings) -> PrivateAggregator:
+    server = SimpleNamespace(settings=settings, device="cpu")
+    return PrivateAggregator(server, FedAvg(server))
+
+
+def round_of(agg: PrivateAggregator, start: dict, models: list[dict], rnd: int = 1):
+    """Send ``start`` to len(models) clients, aggregate their ``models``: (aggregate, metrics)."""
+    record = to_record(start)
+    updates = []
+    for pid, model in enumerate(models):
+        agg.start_model(rnd, pid, record)
+        metrics = MetricRecord({"partition-id": pid, "num-examples": 10 * (pid + 1)})
+        content = RecordDict({"arrays": to_record(model), "metrics": metrics})
+        updates.append(Update(pid, 10 * (pid + 1), content))
+    out, metrics = agg.aggregate(rnd, updates)
+    return numpy_state(out), metrics
+
+
+@pytest.mark.parametrize(
+    ("mode", "z", "count_std"),
+    [("server_fixed", 1.5, -1.0), ("client_fixed", 0.7, -1.0), ("server_adaptive", 1.5, 2.0)],
+)
+def test_the_aggregate_noise_has_the_modes_standard_deviation(mode, z, count_std):
+    """Four clients sending back the start model: the aggregate minus the start is the noise,
+    of std z * C / 4 (adaptive: Flower's effective z for the update)."""
+    settings = settings_with(
+        mode=mode, noise_multiplier=z, clipping_norm=2.0, clipped_count_stddev=count_std
+    )
+    start = {"w": np.zeros(400_000, np.float32), "count": np.array([3], np.int64)}
+    out, metrics = round_of(private(settings), start, [dict(start) for _ in range(4)])
+    update_z = compute_adaptive_noise_params(z, 4, count_std)[1] if "adaptive" in mode else z
+    expected = update_z * 2.0 / 4
+    assert metrics["noise_std"] == pytest.approx(expected)
+    assert float(np.std(out["w"])) == pytest.approx(expected, rel=0.01)
+    assert abs(float(np.mean(out["w"]))) < 0.01 * expected
+    assert int(out["count"][0]) == 3
+
+
+def test_server_clipping_bounds_every_update_and_weights_them_equally():
+    """Noise 0: the aggregate is the plain mean of the clipped updates, whatever the
+    clients' example counts."""
+    settings = settings_with(mode="server_fixed", noise_multiplier=0.0, clipping_norm=0.5)
+    start, short = hand_made(np.random.default_rng(2), 0.001)
+    _, long = hand_made(np.random.default_rng(2), 5.0)  # the same start, a long update
+    models = [short, long]
+    agg = private(settings)
+    out, metrics = round_of(agg, start, models)
+    clipped = [clipped_model(m, start, 0.5)[0] for m in models]
+    for k in ("w", "b"):
+        mean = (clipped[0][k].astype(np.float64) + clipped[1][k]) / 2
+        assert np.allclose(out[k], mean, atol=1e-6)
+    assert metrics["clipped_fraction"] == 0.5
+    assert all(norm_of(c, start) <= 0.5 + 1e-5 for c in clipped)
+
+
+@pytest.mark.parametrize(("scale", "factor"), [(1e-4, math.exp(-0.2 * 0.5)), (10.0, math.exp(0.1))])
+def test_the_adaptive_norm_shrinks_when_none_is_clipped_and_grows_when_all_are(scale, factor):
+    """Andrew et al. 2021: C <- C exp(-eta (b - gamma)), b the unclipped fraction (no count
+    noise here: noise multiplier 0)."""
+    settings = settings_with(
+        mode="server_adaptive",
+        noise_multiplier=0.0,
+        clipping_norm=1.0,
+        clip_norm_lr=0.2,
+        target_clipped_quantile=0.5,
+        clipped_count_stddev=0.0,
+    )
+    start, model = hand_made(np.random.default_rng(3), scale)
+    models = [model] * 4
+    agg = private(settings)
+    round_of(agg, start, models)
+    assert agg.clipping_norm == pytest.approx(factor)
+
+
+# ----- The accountant --------------------------------------------------------------------
+def test_the_reported_epsilon_of_the_reference_setting_is_pinned():
+    """q = 0.01, z = 1, 1000 rounds, delta 1e-5 by the RDP accountant (the PLD accountant
+    gives 1.828 for it: the next test)."""
+    assert epsilon(1.0, 0.01, 1000, 1e-5) == pytest.approx(2.1078, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_rdp_epsilon_is_an_upper_bound_close_to_the_pld_one():
+    """q = 0.01, z = 1, 1000 rounds, delta 1e-5: the RDP accountant's epsilon (reported)
+    lies above the tighter PLD accountant's and within 25% of it."""
+    rdp = epsilon(1.0, 0.01, 1000, 1e-5)
+    pld = epsilon(1.0, 0.01, 1000, 1e-5, accountant="pld")
+    assert pld <= rdp <= 1.25 * pld
+    assert 1.5 < pld < 2.5
+
+
+def test_epsilon_grows_with_rounds_and_is_zero_before_and_infinite_without_noise():
+    spent = [epsilon(1.1, 0.1, r, 1e-5) for r in (0, 10, 100)]
+    assert spent[0] == 0.0 and spent[0] < spent[1] < spent[2]
+    assert math.isinf(epsilon(0.0, 0.1, 5, 1e-5))
+    assert epsilon(1.1, 1.0, 10, 1e-5) > spent[1]  # every client each round: no amplification
+
+
+def test_the_progress_line_shows_the_privacy_spent():
+    line = progress_line({"round": 3, "test_accuracy": 0.5, "epsilon": 2.345, "delta": 1e-5}, 9, [])
+    assert "epsilon 2.35 (delta 1e-05)" in line
+    assert "epsilon inf" in progress_line({"round": 3, "epsilon": None, "delta": 1e-5}, 9, [])
+    assert "epsilon" not in progress_line({"round": 3, "test_accuracy": 0.5}, 9, [])
+
+
+def test_results_json_gives_the_last_rounds_epsilon_and_delta(tmp_path):
+    recorder = Recorder(tmp_path, settings_with(mode="server_fixed"), {})
+    for rnd, spent in ((1, 0.5), (2, 0.75)):
+        recorder.add_round({"round": rnd, "seconds": 1.0, "epsilon": spent, "delta": 1e-5})
+    results = recorder.results()
+    assert (results["epsilon"], results["delta"]) == (0.75, 1e-5)
+    recorder.settings = settings_with(mode="none")
+    assert "epsilon" not in recorder.results()
+
+
+# ----- Refusals ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"method": "fedmatch", "privacy": {"mode": "server_fixed"}}, "privacy.mode"),
+        ({"method": "fedsup", "privacy": {"mode": "client_fixed"}}, "privacy.mode"),
+        ({"method": "server_sl", "privacy": {"mode": "server_fixed"}}, "privacy.mode"),
+        (
+            {
+                "method": "fedseal",
+                "privacy": {"mode": "server_fixed"},
+                "aggregate": {"rule": "median"},
+            },
+            "aggregate.rule",
+        ),
+        (
+            {
+                "method": "fedseal",
+                "privacy": {"mode": "server_fixed"},
+                "eval": {"local_models": True},
+            },
+            "eval.local_models",
+        ),
+        (
+            {"method": "fedseal", "privacy": {"mode": "server_adaptive", "noise_multiplier": 2.0}},
+            "privacy.clipped_count_stddev",
+        ),
+        ({"method": "fedseal", "privacy": {"mode": "laplace"}}, "privacy.mode"),
+    ],
+)
+def test_a_combination_privacy_does_not_cover_is_refused_in_one_line(raw, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
+        resolve_config(raw)
+    assert "\n" not in str(err.value)
+
+
+# ----- Tiny runs ----------------------------------------------------------------------------
+def rows_of(raw: dict, nodes: int = 3) -> list[dict]:
+    rows, _ = run_method(raw, InProcessGrid(nodes))
+    return without_seconds(rows)
+
+
+def without_privacy(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in PRIVACY_KEYS} for row in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["server_fixed", "client_fixed"])
+def test_noise_zero_and_a_huge_norm_give_the_run_without_privacy(mode):
+    """Equal client sizes (equal FedAvg weights): every row equal but the privacy columns."""
+    raw = tiny_raw("fedseal")
+    private_raw = deep_merge(
+        raw, {"privacy": {"mode": mode, "noise_multiplier": 0.0, "clipping_norm": 1e9}}
+    )
+    plain, dp = rows_of(raw), rows_of(private_raw)
+    assert without_privacy(dp) == plain
+    assert all(row["epsilon"] is None and row["clipped_fraction"] == 0 for row in dp)
+
+
+@pytest.mark.slow
+def test_clients_clip_their_replies_and_a_cohort_clips_each_client():
+    raw = deep_merge(
+        tiny_raw("fedseal"),
+        {"privacy": {"mode": "client_fixed", "noise_multiplier": 1.0, "clipping_norm": 0.05}},
+    )
+    grid = InProcessGrid(3)
+    rows, _ = run_method(raw, grid)
+    trains = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    replies = [r for r in grid.replies if "arrays" in r.content.array_records]
+    assert len(replies) == len(trains) == 8  # 2 of 3 clients, 4 rounds
+    for node in grid.partition:  # a node's replies come in the order of its messages
+        sent = [m for m in trains if m.metadata.dst_node_id == node]
+        back = [r for r in replies if r.metadata.src_node_id == node]
+        for message, reply in zip(sent, back, strict=True):
+            start = numpy_state(message.content["arrays"])
+            assert norm_of(numpy_state(reply.content["arrays"]), start) <= 0.05 * (1 + 1e-5)
+    assert all(row["clipped_fraction"] == row["norm_bit"] and row["epsilon"] > 0 for row in rows)
+    assert any(row["clipped_fraction"] > 0 for row in rows)
+    assert [r["epsilon"] for r in rows] == sorted(r["epsilon"] for r in rows)
+    cohort = deep_merge(raw, {"simulation": {"execution": "cohort", "workers": 2}})
+    assert rows_of(cohort, 2) == without_seconds(rows)
+
+
+@pytest.mark.slow
+def test_a_resumed_private_run_keeps_its_clipping_norm_and_epsilon(tmp_path):
+    """server_adaptive: the adapted norm, the releases counted and the noise drawn after a
+    resume are those of the uninterrupted run."""
+    raw = deep_merge(
+        tiny_raw("fedseal"),
+        {"privacy": {"mode": "server_adaptive", "noise_multiplier": 0.5, "clipping_norm": 0.1}},
+    )
+    raw["privacy"]["clipped_count_stddev"] = 1.0
+    straight = run_rounds(raw, tmp_path / "straight", snapshot=tmp_path / "killed")
+    resumed = run_rounds(raw, tmp_path / "killed", resume=True)
+    assert without_seconds(resumed) == without_seconds(straight)
+    norms = [row["clipping_norm"] for row in straight]
+    assert len(set(norms)) == 4 and norms[0] == 0.1
