@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import traceback
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
 from client_app.state import restore_state, save_state, state_folder
 from ssfl import cohort
 from ssfl.registry import method, settings_of
+from tasks.aggregate import State, array_problem, partial_sum
 from tasks.train import keep_freed_memory
 
 app = ClientApp()
@@ -77,7 +79,50 @@ def train_cohort(content: RecordDict, context: Context) -> RecordDict:
         except Exception:  # the client fails, its cohort goes on (the server counts it)
             errors[pid] = traceback.format_exc()
         keep_client_state(context.state, pid, state)
-    return cohort.pack(replies, errors)
+    request = cohort.sum_request(content)
+    returned = summed(request, contents, replies) if request else None
+    out = cohort.pack(replies, errors)
+    if returned is not None:
+        cohort.attach_sum(out, returned)
+    return out
+
+
+def summed(
+    request: cohort.SumRequest, messages: dict[int, RecordDict], replies: dict[int, RecordDict]
+) -> cohort.ReturnedSum | None:
+    """The partial sum of the replies whose models pass the server's check (``arrays`` like
+    the start model: its keys, shapes and dtypes, finite) with a valid num-examples; their
+    ``arrays`` leave their replies (in place). The others keep their models, for the server
+    to judge. None when fewer than two qualify: one model travels smaller as it is (float32)
+    than as a float64 sum."""
+    decoded: dict[int, State] = {}  # each start model decoded once (a cohort shares one)
+    pids, states, starts, weights, sizes = [], [], [], [], {}
+    for pid, reply in replies.items():
+        record, n = reply.array_records.get("arrays"), reply["metrics"].get("num-examples")
+        if record is None or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            continue
+        start_record = messages[pid]["arrays"]
+        if id(start_record) not in decoded:
+            decoded[id(start_record)] = numpy_arrays(start_record)
+        start, state = decoded[id(start_record)], numpy_arrays(record)
+        if array_problem(state, {k: torch.from_numpy(v) for k, v in start.items()}):
+            continue
+        pids.append(pid)
+        states.append(state)
+        starts.append(start)
+        weights.append(float(n) if request.weights == "examples" else 1.0)
+        sizes[pid] = cohort.array_sizes(record)
+    if len(pids) < 2:
+        return None
+    for pid in pids:
+        del replies[pid]["arrays"]
+    part = partial_sum(pids, states, weights, starts, request.diversity_keys)
+    return cohort.ReturnedSum(part, sizes)
+
+
+def numpy_arrays(record: ArrayRecord) -> State:
+    """An ArrayRecord's arrays by key."""
+    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
 
 
 def client_state(state: RecordDict, pid: int) -> RecordDict:

@@ -150,13 +150,15 @@ base_image() {
   fi
 }
 step "base image ($BASE)" base_image
+# Reused while the base's Python and pyproject.toml (the dependencies) are unchanged.
 wheelhouse() {
-  local py
+  local py stamp
   py=$(docker run --rm "$BASE" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  if [ ! -f docker/wheels/requirements.txt ] || [ "$(cat docker/wheels/python.txt 2>/dev/null)" != "$py" ]; then
+  stamp="python $py, pyproject $(sha256sum pyproject.toml | cut -c1-16)"
+  if [ ! -f docker/wheels/requirements.txt ] || [ "$(cat docker/wheels/stamp.txt 2>/dev/null)" != "$stamp" ]; then
     rm -rf docker/wheels
     PYTHON=$PY bash scripts/wheelhouse.sh docker/wheels --torch cpu --for image --python-version "$py"
-    echo "$py" >docker/wheels/python.txt
+    echo "$stamp" >docker/wheels/stamp.txt
   fi
 }
 step "wheelhouse (CPU torch)" wheelhouse
@@ -382,10 +384,11 @@ seal_simulation() {
 # The edge machine's containers removed (stopped first, so its SuperNode leaves the SuperLink)
 # and created again by the docs' start step; the node-state volume stays.
 recreate_edge() {
-  local ids
+  local ids start
+  start=$(doc_block edge-start)
   ids=$(docker ps -aq --filter "label=com.docker.compose.project=$EDGE_PROJECT")
   docker stop $ids >/dev/null && docker rm $ids >/dev/null
-  (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$(doc_block edge-start)" 2>&1 |
+  (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$start" 2>&1 |
     grep -v '^Creating\|^Starting' || true)
 }
 seal_resumed() {

@@ -32,10 +32,9 @@ from strategies.parts import (
     SupervisedTrainer,
     TestAccuracy,
     Update,
-    array_problem,
     to_record,
 )
-from tasks.aggregate import weighted_average
+from tasks.aggregate import array_problem, weighted_average
 from tasks.config import ConfigError
 from tasks.decompose import (
     BUFFER,

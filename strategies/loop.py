@@ -33,6 +33,7 @@ from ssfl import cohort
 from ssfl.gpu import cohort_workers, gpu_count
 from strategies.messaging import ClientReply, exchange, failure_cause, one_line
 from strategies.parts import (
+    FedAvg,
     Metrics,
     Parts,
     ServerSide,
@@ -136,6 +137,7 @@ class RoundLoop(Strategy):
         self.cohort = self.settings.simulation.execution == "cohort"
         self.workers: list[int] = []
         self.updates: list[Update] = []  # the current round's accepted updates
+        self.sums: list[cohort.ReturnedSum] = []  # and its workers' partial sums (cohort)
         self.aggregation_metrics: Metrics = {}  # what the current round's aggregation measured
         self.rows: list[dict[str, Any]] = []  # every round's results row, as on_round got it
         self.rows_written = 0  # rows in the checkpoint's rows file from this process (0: none)
@@ -175,7 +177,12 @@ class RoundLoop(Strategy):
         self.updates = self.accept(server_round, replies, stats, self.sent_ids)
         if not self.updates:
             return None, None
-        arrays, metrics = self.parts.aggregator.aggregate(server_round, self.updates)
+        aggregator = self.parts.aggregator
+        if self.sums and isinstance(aggregator, FedAvg):
+            sums = [returned.part for returned in self.sums]
+            arrays, metrics = aggregator.aggregate_sums(server_round, self.updates, sums)
+        else:
+            arrays, metrics = aggregator.aggregate(server_round, self.updates)
         if self.settings.eval.local_models and self.tested(server_round):
             evaluator = self.parts.evaluator
             metrics["local_accuracy"] = evaluator.local_accuracy(self.updates, self.parts.codec)
@@ -241,12 +248,26 @@ class RoundLoop(Strategy):
             stats.bytes_s2c += record_bytes(contents[pid])
         if not self.cohort:
             return [self.train_message(c, self.nodes[p], [p]) for p, c in contents.items()]
-        batches = cohort.assign(sampled, len(self.workers))
-        return [
-            self.train_message(cohort.pack({p: contents[p] for p in pids}), node, pids)
-            for node, pids in zip(self.workers, batches)
-            if pids
-        ]
+        request = self.sum_request(server_round)
+        out = []
+        for node, pids in zip(self.workers, cohort.assign(sampled, len(self.workers))):
+            if pids:
+                content = cohort.pack({p: contents[p] for p in pids})
+                if request is not None:
+                    cohort.ask_for_sums(content, request)
+                out.append(self.train_message(content, node, pids))
+        return out
+
+    def sum_request(self, server_round: int) -> cohort.SumRequest | None:
+        """The partial sum the round's cohorts return (simulation.partial_sums): where the
+        aggregator is a plain mean (FedAvg, SSFL eq. 4-5), without privacy, in a round that
+        does not evaluate the clients' own models (eval.local_models)."""
+        aggregator = self.parts.aggregator
+        if not (self.cohort and self.settings.simulation.partial_sums):
+            return None
+        if self.settings.eval.local_models and self.tested(server_round):
+            return None
+        return aggregator.sum_request() if isinstance(aggregator, FedAvg) else None
 
     def train_message(self, content: RecordDict, node: int, pids: list[int]) -> Message:
         """A TRAIN message to ``node`` for the partitions ``pids`` (one, or a cohort)."""
@@ -256,11 +277,13 @@ class RoundLoop(Strategy):
 
     def client_replies(
         self, replies: Iterable[Message], sent: Mapping[str, list[int]] | None = None
-    ) -> list[ClientReply]:
+    ) -> tuple[list[ClientReply], list[cohort.ReturnedSum]]:
         """Each client's reply, decoded once: a node's own, or each of a cohort's; an error
         reply is one failure per partition its message carried (``sent``: the partitions of
-        each sent message by id, for error replies the SuperLink makes in a node's place)."""
+        each sent message by id, for error replies the SuperLink makes in a node's place).
+        Also the cohorts' partial sums (simulation.partial_sums)."""
         out: list[ClientReply] = []
+        sums: list[cohort.ReturnedSum] = []
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
@@ -271,11 +294,17 @@ class RoundLoop(Strategy):
                     out.append(ClientReply(pid, node, error=reply.error.reason))
             elif self.cohort and cohort.is_cohort(reply.content):
                 contents, errors = cohort.unpack(reply.content)
-                out += [ClientReply(pid, node, content=c) for pid, c in contents.items()]
+                returned = cohort.returned_sum(reply.content)
+                sizes = returned.sizes if returned else {}
+                out += [
+                    ClientReply(pid, node, content=c, summed=sizes.get(pid))
+                    for pid, c in contents.items()
+                ]
                 out += [ClientReply(pid, node, error=e) for pid, e in errors.items()]
+                sums += [returned] if returned else []
             else:
                 out.append(ClientReply(self.partition_of(node), node, content=reply.content))
-        return out
+        return out, sums
 
     def accept(
         self,
@@ -287,10 +316,14 @@ class RoundLoop(Strategy):
         """Count failed replies and reject malformed ones; the rest as updates sorted by
         partition, their bytes counted (a rejected reply's are not). ``sent``: the partition
         of each sent message by id, for error replies the SuperLink makes in a node's place
-        (a node that stopped answering: Flower's NODE_UNAVAILABLE)."""
+        (a node that stopped answering: Flower's NODE_UNAVAILABLE). The cohorts' partial
+        sums go to ``self.sums``; a partial sum one of whose clients is rejected goes with
+        all of them."""
         updates: list[Update] = []
         global_state = self.server.model.state_dict()
-        for reply in self.client_replies(replies, sent):
+        decoded, self.sums = self.client_replies(replies, sent)
+        sizes: dict[int, tuple[int, int]] = {}
+        for reply in decoded:
             pid = reply.pid
             if reply.error is not None:
                 stats.fail(pid, reply.error)
@@ -303,13 +336,34 @@ class RoundLoop(Strategy):
                 log.warning("round %d: reply of client %s rejected: %s", server_round, pid, problem)
                 continue
             updates.append(Update.of_content(reply.content))
+            if reply.summed is not None:
+                sizes[pid] = reply.summed
+        updates = self.drop_spoilt_sums(updates, stats)
         updates.sort(key=lambda u: u.pid)
         stats.replies = len(updates)
         self.note_devices(updates)
         for update in updates:
-            stats.bytes_c2s += record_bytes(update.content)
-            stats.bytes_c2s_dense += self.parts.codec.dense_bytes(update)
+            serialised, dense = sizes.get(update.pid, (0, 0))
+            stats.bytes_c2s += record_bytes(update.content) + serialised
+            stats.bytes_c2s_dense += self.parts.codec.dense_bytes(update) + dense
         return updates
+
+    def drop_spoilt_sums(self, updates: list[Update], stats: RoundStats) -> list[Update]:
+        """Keep the partial sums all of whose clients were accepted; reject the accepted
+        clients of the others (their models cannot be taken out of the sum)."""
+        accepted = {u.pid for u in updates}
+        kept, spoilt = [], set()
+        for returned in self.sums:
+            left_out = [pid for pid in returned.part.pids if pid not in accepted]
+            if not left_out:
+                kept.append(returned)
+                continue
+            for pid in returned.part.pids:
+                if pid in accepted:
+                    spoilt.add(pid)
+                    stats.reject(pid, f"summed in its worker with client {left_out[0]}'s reply")
+        self.sums = kept
+        return [u for u in updates if u.pid not in spoilt]
 
     def note_devices(self, updates: list[Update]) -> None:
         """Keep the device each client reports in its reply's ``device`` record."""
@@ -323,11 +377,13 @@ class RoundLoop(Strategy):
         self, reply: ClientReply, accepted: set[int], global_state: dict[str, torch.Tensor]
     ) -> str | None:
         """Why a reply must not reach the aggregate (None: it may): its bookkeeping, then
-        its payload as the method's codec reads it."""
+        its payload as the method's codec reads it (a summed model: its worker checked it
+        by the same rule, tasks.aggregate.array_problem)."""
         try:
-            return self.bookkeeping_problem(reply, accepted) or self.parts.codec.validate(
-                Update.of_content(reply.content), global_state
-            )
+            bookkeeping = self.bookkeeping_problem(reply, accepted)
+            if bookkeeping or reply.summed is not None:  # a summed model: checked by its worker
+                return bookkeeping
+            return self.parts.codec.validate(Update.of_content(reply.content), global_state)
         except Exception as err:  # whatever a malformed reply breaks, it is rejected
             return one_line(f"unreadable ({type(err).__name__}: {err})")
 
@@ -537,6 +593,7 @@ class RoundLoop(Strategy):
         """One round, counted in ``stats``; returns its results row (without the wall time)."""
         trainer, aggregator, codec = self.parts.trainer, self.parts.aggregator, self.parts.codec
         self.stats, self.sent_ids, self.updates, self.aggregation_metrics = stats, {}, [], {}
+        self.sums = []
         self.message_pids, self.node_pids = {}, {}
         client_metrics: Metrics = {}
         round_metrics: Metrics = {}

@@ -16,12 +16,14 @@ from flwr.serverapp import Grid
 @dataclass(frozen=True)
 class ClientReply:
     """One client's reply, decoded once: its records, or the reason it failed. ``node``:
-    the SuperNode that sent it (a cohort's worker sends several)."""
+    the SuperNode that sent it (a cohort's worker sends several). ``summed``: its model is
+    in its worker's partial sum (serialised and dense bytes), not in its records."""
 
     pid: int
     node: int
     content: RecordDict | None = None
     error: str | None = None
+    summed: tuple[int, int] | None = None
 
 
 # Replies are pulled after a wait of this share of the time already waited, kept within

@@ -33,15 +33,21 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from torch import nn
 
+from ssfl.cohort import SumRequest
 from tasks.aggregate import (
+    PartialSum,
     State,
+    array_problem,
     assign_groups,
     average_with_server,
     clip_update,
     coordinate_median,
+    diversity_of_partial_sums,
     group_average,
     keep_own_buffers,
     krum_select,
+    mean_of_partial_sums,
+    partial_sum,
     trimmed_mean,
     update_norm,
     weight_diversity,
@@ -159,31 +165,6 @@ def dense_bytes(content: RecordDict) -> int:
         for rec in content.array_records.values()
         for arr in rec.values()
     )
-
-
-def array_problem(
-    arrays: Mapping[str, np.ndarray], expected: Mapping[str, torch.Tensor]
-) -> str | None:
-    """Why the decoded ``arrays`` are not a state dict like ``expected`` (the reliability
-    issue's rule 2: exactly its keys, with the same shapes and dtypes, only finite values);
-    None if they are."""
-    missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
-    if missing or extra:
-        return f"keys differ from the global model's (missing {missing[:3]}, extra {extra[:3]})"
-    for key, tensor in expected.items():
-        arr, dtype = arrays[key], numpy_dtype(tensor)
-        if tuple(arr.shape) != tuple(tensor.shape):
-            return f"'{key}' has shape {tuple(arr.shape)}, expected {tuple(tensor.shape)}"
-        if arr.dtype != dtype:
-            return f"'{key}' has dtype {arr.dtype}, expected {dtype}"
-        if not np.isfinite(arr).all():
-            return f"'{key}' holds non-finite values"
-    return None
-
-
-def numpy_dtype(tensor: torch.Tensor) -> str:
-    """The dtype name an ArrayRecord gives ``tensor`` (e.g. float32, int64)."""
-    return str(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
 
 
 @dataclass(frozen=True)
@@ -574,6 +555,7 @@ class FedAvg:
     with ``aggregate.*`` a robust rule in place of the mean (:class:`RobustAveraging`)."""
 
     def __init__(self, server: ServerSide):
+        self.server = server
         self.robust = RobustAveraging(server)
         self.device = server.device  # where the mean is summed (tasks.aggregate)
         self.started_from: dict[int, ArrayRecord] = {}  # this round's start of each client
@@ -601,6 +583,33 @@ class FedAvg:
         avg, more = self.robust.combine(kept, weights)
         return to_record(avg), {**metrics, **more}
 
+    def sum_request(self) -> SumRequest | None:
+        """What a cohort worker may sum for this rule (simulation.partial_sums): the models
+        weighted by their examples; None for a robust rule (it needs every model)."""
+        return None if self.robust.active() else SumRequest("examples")
+
+    def aggregate_sums(
+        self, server_round: int, updates: list[Update], sums: list[PartialSum]
+    ) -> tuple[ArrayRecord, Metrics]:
+        """FedAvg (eq. 2) from the workers' partial sums: sum_k n_k w_k / sum_k n_k."""
+        parts = self.with_unsummed(updates, sums, "examples")
+        like = numpy_state(self.started_from[updates[0].pid])
+        return to_record(mean_of_partial_sums(parts, like, self.device)), {}
+
+    def with_unsummed(
+        self, updates: list[Update], sums: list[PartialSum], weights: str, keys: tuple = ()
+    ) -> list[PartialSum]:
+        """``sums``, plus one partial sum of the accepted updates that no worker summed
+        (weighted by ``weights``; eq. 8's terms over ``keys`` if given)."""
+        summed = {pid for part in sums for pid in part.pids}
+        rest = [u for u in updates if u.pid not in summed]
+        if not rest:
+            return list(sums)
+        starts = [numpy_state(self.started_from[u.pid]) for u in rest] if keys else []
+        w = [float(u.num_examples) if weights == "examples" else 1.0 for u in rest]
+        pids = [u.pid for u in rest]
+        return [*sums, partial_sum(pids, [u.arrays for u in rest], w, starts, keys)]
+
     def state(self) -> dict[str, Any]:
         """Nothing outlives a round (AverageWithServer's start models are set each round)."""
         return {}
@@ -619,7 +628,6 @@ class AverageWithServer(FedAvg):
 
     def __init__(self, server: ServerSide, server_weight: float = 1.0):
         super().__init__(server)
-        self.server = server
         self.server_weight = server_weight
         self.diversity_keys = classifier_keys(server.model)  # eq. 8: the classifier's
 
@@ -636,6 +644,20 @@ class AverageWithServer(FedAvg):
             metrics.update(screened)
         state, more = self.combine(server_round, server, users)
         return to_record(state), {**metrics, **more}
+
+    def sum_request(self) -> SumRequest | None:
+        """Equal weights (eq. 4-5) and eq. 8's classifier keys; None for a robust rule."""
+        return None if self.robust.active() else SumRequest("equal", tuple(self.diversity_keys))
+
+    def aggregate_sums(
+        self, server_round: int, updates: list[Update], sums: list[PartialSum]
+    ) -> tuple[ArrayRecord, Metrics]:
+        """Eq. 4-5 and eq. 8 from the workers' partial sums: (a w_s + sum_k w_k) / (a + K)."""
+        users = self.with_unsummed(updates, sums, "equal", tuple(self.diversity_keys))
+        server = self.joining()
+        joined = [partial_sum([-1], [server], [self.server_weight]), *users]
+        metrics = {"weight_diversity": diversity_of_partial_sums(users)}
+        return to_record(mean_of_partial_sums(joined, server, self.device)), metrics
 
     def combine(
         self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
@@ -676,6 +698,10 @@ class GroupedAverage(AverageWithServer):
 
     def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:
         return self.group_models.get(pid, arrays)
+
+    def sum_request(self) -> SumRequest | None:
+        """None: the groups are drawn from the replies, so every model comes back."""
+        return None
 
     def state(self) -> dict[str, Any]:
         """Each user's group model w_avg,i, the start of its next round."""

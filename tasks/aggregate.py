@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,6 +43,119 @@ def weighted_average(
 
 
 State = Mapping[str, np.ndarray]
+
+
+@dataclass
+class PartialSum:
+    """A cohort worker's share of a plain mean (simulation.partial_sums): for its clients
+    ``pids``, sum_k w_k x_k in float64 (integer buffers: their maximum) and sum_k w_k, so that
+    the server divides the workers' sums instead of summing every client's model. With eq. 8
+    requested, also sum_k ||u_k||^2 (``spread``) and sum_k u_k (``update_sum``) over the
+    classifier's keys, u_k = w_k - the model k started from."""
+
+    pids: list[int]
+    sums: dict[str, np.ndarray]
+    weight: float
+    spread: float = 0.0
+    update_sum: np.ndarray | None = None
+
+
+def array_problem(
+    arrays: Mapping[str, np.ndarray], expected: Mapping[str, torch.Tensor]
+) -> str | None:
+    """Why the decoded ``arrays`` are not a state dict like ``expected`` (the reliability
+    issue's rule 2: exactly its keys, with the same shapes and dtypes, only finite values);
+    None if they are."""
+    missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
+    if missing or extra:
+        return f"keys differ from the global model's (missing {missing[:3]}, extra {extra[:3]})"
+    for key, tensor in expected.items():
+        arr, dtype = arrays[key], numpy_dtype(tensor)
+        if tuple(arr.shape) != tuple(tensor.shape):
+            return f"'{key}' has shape {tuple(arr.shape)}, expected {tuple(tensor.shape)}"
+        if arr.dtype != dtype:
+            return f"'{key}' has dtype {arr.dtype}, expected {dtype}"
+        if not np.isfinite(arr).all():
+            return f"'{key}' holds non-finite values"
+    return None
+
+
+def numpy_dtype(tensor: torch.Tensor) -> str:
+    """The dtype name an ArrayRecord gives ``tensor`` (e.g. float32, int64)."""
+    return str(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
+
+
+def classifier_update(state: State, start: State, keys: Sequence[str]) -> np.ndarray:
+    """u = w - w_start over ``keys``, flattened (eq. 8's update; float32 as the models)."""
+    return np.concatenate([(state[k] - start[k]).ravel() for k in keys])
+
+
+def partial_sum(
+    pids: Sequence[int],
+    states: Sequence[State],
+    weights: Sequence[float],
+    starts: Sequence[State] = (),
+    diversity_keys: Sequence[str] = (),
+) -> PartialSum:
+    """The :class:`PartialSum` of ``states`` (one per partition in ``pids``, in that order)
+    weighted by ``weights``; ``starts`` (each state's start model) only for eq. 8's terms,
+    with ``diversity_keys``."""
+    if not states or len(states) != len(weights) or len(states) != len(pids):
+        raise ValueError("partial_sum needs one partition and one weight per state")
+    sums: dict[str, np.ndarray] = {}
+    for key, first in states[0].items():
+        if np.issubdtype(first.dtype, np.floating):
+            acc = np.zeros(first.shape, dtype=np.float64)
+            for weight, state in zip(weights, states):
+                acc += np.asarray(state[key], dtype=np.float64) * weight
+            sums[key] = acc
+        else:
+            sums[key] = np.asarray(np.max(np.stack([s[key] for s in states]), axis=0))
+    part = PartialSum(list(pids), sums, float(sum(weights)))
+    if diversity_keys:
+        updates = [
+            classifier_update(state, start, diversity_keys).astype(np.float64)
+            for state, start in zip(states, starts, strict=True)
+        ]
+        part.spread = float(sum((u**2).sum() for u in updates))
+        part.update_sum = np.sum(updates, axis=0)
+    return part
+
+
+def mean_of_partial_sums(
+    parts: Sequence[PartialSum], like: State, device: torch.device | str = "cpu"
+) -> dict[str, np.ndarray]:
+    """sum over the parts of their sums / sum of their weights, cast to ``like``'s dtypes
+    (FedAvg, SSFL eq. 4-5 as one weighted mean); integer buffers take the maximum. Summed in
+    float64 on ``device``, part after part in the given order."""
+    if not parts:
+        raise ValueError("mean_of_partial_sums needs at least one part")
+    total = sum(p.weight for p in parts)
+    if total <= 0:
+        raise ValueError("the parts' weights must not sum to zero")
+    out: dict[str, np.ndarray] = {}
+    for key, reference in like.items():
+        if np.issubdtype(reference.dtype, np.floating):
+            acc = torch.zeros(reference.shape, dtype=torch.float64, device=device)
+            for part in parts:
+                acc += torch.as_tensor(part.sums[key]).to(device, torch.float64)
+            out[key] = (acc / total).to(torch.as_tensor(reference).dtype).cpu().numpy()
+        else:
+            out[key] = np.asarray(np.max(np.stack([p.sums[key] for p in parts]), axis=0))
+    return out
+
+
+def diversity_of_partial_sums(parts: Sequence[PartialSum]) -> float:
+    """SSFL eq. 8 from the parts' terms: sum ||u_k||^2 / ||sum u_k||^2 (as
+    :func:`weight_diversity` over every client's update)."""
+    vectors = [p.update_sum for p in parts if p.update_sum is not None]
+    if not vectors:
+        raise ValueError("no part carries eq. 8's terms")
+    spread = sum(p.spread for p in parts)
+    together = float((np.sum(vectors, axis=0) ** 2).sum())
+    if together == 0.0:
+        return 0.0 if spread == 0.0 else float("inf")
+    return spread / together
 
 
 def average_with_server(

@@ -555,6 +555,13 @@ class SimulationSettings:
         "GPU, at most the clients)",
         rule=between(0, MAX_CLIENTS),
     )
+    partial_sums: bool = setting(
+        True,
+        "cohort: where the aggregation is a plain mean (FedAvg, the SSFL benchmark's eq. 4-5; "
+        "not with a robust `aggregate.rule`, privacy, or a round that evaluates "
+        "`eval.local_models`), each worker returns one float64 sum of its clients' models "
+        "instead of every model (the same rows to float rounding); false: every model",
+    )
 
 
 @dataclass(frozen=True)

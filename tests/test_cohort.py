@@ -14,6 +14,15 @@ from ssfl.experiment import resolve_config
 from ssfl.gpu import cohort_workers
 from ssfl.registry import METHODS, settings_of
 from ssfl.runner import federation_config
+from strategies.loop import RoundLoop, RoundStats
+from strategies.parts import Update, to_record
+from tasks.aggregate import (
+    diversity_of_partial_sums,
+    mean_of_partial_sums,
+    partial_sum,
+    weight_diversity,
+    weighted_average,
+)
 from tasks.config import ConfigError, deep_merge
 from tests.harness import (
     InProcessGrid,
@@ -74,6 +83,107 @@ def test_a_workers_state_keeps_each_client_under_its_own_prefix():
     assert client_app.client_state(worker, 13)["m"]["a"] == 2
     client_app.keep_client_state(worker, 3, RecordDict())
     assert list(worker) == ["c13.m"]
+
+
+# ----- Partial sums (simulation.partial_sums) ---------------------------------------------
+A = {"w": np.array([1.0, 2.0], dtype="float32"), "n": np.array(3, dtype="int64")}
+B = {"w": np.array([3.0, 5.0], dtype="float32"), "n": np.array(7, dtype="int64")}
+ZERO = {"w": np.zeros(2, dtype="float32"), "n": np.array(0, dtype="int64")}
+
+
+def test_the_workers_partial_sums_give_fedavgs_mean_and_eq8():
+    """(1*1 + 3*3)/4 = 2.5 and (1*2 + 3*5)/4 = 4.25; the counter takes the max. Eq. 8 from
+    zero starts: (1 + 4 + 9 + 25) / (4^2 + 7^2) = 39/65 = 0.6."""
+    one = partial_sum([0], [A], [1.0], [ZERO], ["w"])
+    other = partial_sum([1], [B], [3.0], [ZERO], ["w"])
+    assert one.sums["w"].dtype == np.float64 and other.weight == 3.0
+    mean = mean_of_partial_sums([one, other], A)
+    assert mean["w"].dtype == np.float32 and mean["w"].tolist() == [2.5, 4.25]
+    assert int(mean["n"]) == 7
+    for key in A:
+        assert np.array_equal(mean[key], weighted_average([A, B], [1.0, 3.0])[key])
+    assert diversity_of_partial_sums([one, other]) == pytest.approx(0.6)
+    assert diversity_of_partial_sums([one, other]) == pytest.approx(
+        weight_diversity([A["w"], B["w"]])
+    )
+    both = partial_sum([0, 1], [A, B], [1.0, 3.0])
+    assert both.sums["w"].tolist() == [10.0, 17.0] and both.update_sum is None
+
+
+def reply_of(pid: int, arrays: dict, n: int = 5) -> RecordDict:
+    return RecordDict(
+        {
+            "arrays": to_record(arrays),
+            "metrics": MetricRecord({"partition-id": pid, "num-examples": n}),
+        }
+    )
+
+
+def test_a_worker_sums_only_the_models_that_pass_the_servers_check():
+    start = to_record(ZERO)
+    messages = {p: RecordDict({"arrays": start}) for p in (0, 1, 2)}
+    bad = {**B, "w": np.array([np.nan, 1.0], dtype="float32")}
+    replies = {0: reply_of(0, A, n=2), 1: reply_of(1, bad), 2: reply_of(2, B, n=6)}
+    returned = client_app.summed(cohort.SumRequest("examples"), messages, replies)
+    assert returned is not None and returned.part.pids == [0, 2]
+    assert returned.part.weight == 8.0 and returned.part.sums["w"].tolist() == [20.0, 34.0]
+    assert "arrays" not in replies[0] and "arrays" in replies[1]  # the server judges client 1
+    assert returned.sizes[0] == cohort.array_sizes(reply_of(0, A)["arrays"])
+    packed = cohort.pack(replies)
+    cohort.attach_sum(packed, returned)
+    back = cohort.returned_sum(packed)
+    assert back is not None and back.part.pids == [0, 2] and back.sizes == returned.sizes
+    assert back.part.sums["w"].tolist() == [20.0, 34.0] and back.part.weight == 8.0
+    alone = {0: reply_of(0, A), 1: reply_of(1, bad)}
+    assert client_app.summed(cohort.SumRequest("examples"), messages, alone) is None
+    assert "arrays" in alone[0]  # a lone model travels as it is (float32, not a float64 sum)
+
+
+def test_a_rejected_client_takes_its_workers_sum_with_it():
+    stats = RoundStats()
+    loop = RoundLoop.__new__(RoundLoop)
+    loop.sums = [
+        cohort.ReturnedSum(partial_sum([0, 2], [A, B], [1.0, 1.0]), {}),
+        cohort.ReturnedSum(partial_sum([1], [B], [1.0]), {}),
+    ]
+    updates = [Update(pid, 5, reply_of(pid, A)) for pid in (0, 1)]  # client 2 was rejected
+    kept = loop.drop_spoilt_sums(updates, stats)
+    assert [u.pid for u in kept] == [1] and [r.part.pids for r in loop.sums] == [[1]]
+    assert stats.rejections == [(0, "summed in its worker with client 2's reply")]
+
+
+@pytest.mark.parametrize(
+    "method, extra, sums",
+    [
+        ("fedavg_fixmatch", {}, True),
+        ("fedavg_with_server", {}, True),
+        ("fedavg_fixmatch", {"simulation": {"partial_sums": False}}, False),
+        ("fedavg_fixmatch", {"aggregate": {"rule": "median"}}, False),
+        ("fedrgd", {}, False),
+    ],
+)
+def test_cohorts_return_sums_where_the_mean_allows_and_the_rows_stay(
+    monkeypatch, method, extra, sums
+):
+    """Rows of a cohort run with partial sums equal the per-client run's, bytes and eq. 8's
+    diversity included, to float rounding (1e-9); a worker with one client sends its model."""
+    attached: list[int] = []
+    real = cohort.attach_sum
+    monkeypatch.setattr(
+        cohort, "attach_sum", lambda c, r: attached.append(len(r.part.pids)) or real(c, r)
+    )
+    every_client = {"federation": {"clients_per_round": 0}}  # worker 0 trains clients 0, 2
+    raw = deep_merge(deep_merge(tiny_raw(method), every_client), extra)
+    rows = rows_of(cohort_raw(raw), 2)
+    assert bool(attached) == sums
+    expected = rows_of(raw, 3)
+    assert [sorted(r) for r in rows] == [sorted(r) for r in expected]
+    for row, want in zip(rows, expected):
+        for key, value in want.items():
+            if isinstance(value, float):
+                assert row[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            else:
+                assert row[key] == value, key
 
 
 # ----- Settings and the simulation's nodes -----------------------------------------------
