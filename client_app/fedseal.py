@@ -26,6 +26,7 @@ from tasks.selfensemble import (
     negative_loss,
     positive_loss,
     positive_set,
+    split_batches,
     update_ensemble,
 )
 from tasks.settings import MAX_ROUNDS, UNIT, RandAugmentSettings, between, setting
@@ -151,16 +152,27 @@ class FedSEALClient(ClientHalf):
             neg = torch.zeros_like(pos)
         lam = lambda_ramp(self.round, algo.lambda_start, algo.lambda_end, algo.lambda_ramp_rounds)
         loss_sum, steps = self.local_epochs(pos, pos_labels, neg, neg_labels, lam)
+        known = d.true_y is not None  # label quality is measurable only where labels are known
+        right = (pos_labels == d.true_y, neg_labels != d.true_y) if known else (pos, neg)
+        values = torch.stack(  # read in one host sync; float32 means as float(...) gives them
+            [
+                loss_sum,
+                pos.float().mean().double(),
+                neg.float().mean().double(),
+                *(t.sum().double() for t in (pos, right[0] & pos, neg, right[1] & neg)),
+            ]
+        ).tolist()
+        total, pos_mean, neg_mean, n_pos, pos_right, n_neg, neg_right = values
         metrics = {
-            "train_loss": loss_sum / max(steps, 1),
-            "positive_fraction": float(pos.float().mean()),
-            "negative_fraction": float(neg.float().mean()),
+            "train_loss": total / max(steps, 1),
+            "positive_fraction": pos_mean,
+            "negative_fraction": neg_mean,
             "ensemble_size": float(count),
             "lambda": lam,
         }
-        if d.true_y is not None:  # label quality is measurable only where labels are known
-            metrics["pseudo_label_accuracy"] = accuracy_on(pos_labels == d.true_y, pos)
-            metrics["complementary_label_accuracy"] = accuracy_on(neg_labels != d.true_y, neg)
+        if known:
+            metrics["pseudo_label_accuracy"] = pos_right / n_pos if n_pos else 0.0
+            metrics["complementary_label_accuracy"] = neg_right / n_neg if n_neg else 0.0
         return metrics
 
     def true_labels(self) -> torch.Tensor:
@@ -169,13 +181,15 @@ class FedSEALClient(ClientHalf):
             raise ValueError("algo.oracle_labels needs known labels; this node's images have none")
         return self.data.true_y
 
-    def local_epochs(self, pos, pos_labels, neg, neg_labels, lam) -> tuple[float, int]:
+    def local_epochs(self, pos, pos_labels, neg, neg_labels, lam) -> tuple[torch.Tensor, int]:
         """E_c epochs of mini-batch SGD on lambda L+ + L- (eq. 13-16), plus the FedProx term
         when client.proximal_mu > 0 (ours: FedSEAL has none; off by default).
 
         Each batch of the local data contributes the mean loss of its positives (strong
         view, drawn for a group of batches at once) and of its negatives (plain view);
-        batches with neither are skipped.
+        batches with neither are skipped. Each epoch reads its batches' D+ and D- sizes
+        in one host sync (tasks.selfensemble.split_batches); the loss sum stays on the
+        device (float64).
         """
         d, ccfg = self.data, self.settings.client
         strong = self.strong_view()
@@ -188,9 +202,9 @@ class FedSEALClient(ClientHalf):
             batches = [
                 idx.to(d.x.device) for idx in minibatches(len(d.x), ccfg.batch_size, self.generator)
             ]
-            positives = augment_grouped(d.x, [idx[pos[idx]] for idx in batches], strong)
-            for idx, (p_idx, p_view) in zip(batches, positives, strict=True):
-                n_idx = idx[neg[idx]]
+            split = split_batches(batches, pos, neg)
+            positives = augment_grouped(d.x, [p_idx for p_idx, _ in split], strong)
+            for (_, n_idx), (p_idx, p_view) in zip(split, positives, strict=True):
                 if len(p_idx) + len(n_idx) == 0:
                     continue
                 logits = self.model(torch.cat([p_view, d.x[n_idx]]))
@@ -206,10 +220,4 @@ class FedSEALClient(ClientHalf):
                 opt.step()
                 total += loss.detach().double()
                 steps += 1
-        return float(total), steps
-
-
-def accuracy_on(correct: torch.Tensor, mask: torch.Tensor) -> float:
-    """Fraction of ``correct`` among the masked samples (0 when the mask is empty)."""
-    n = int(mask.sum())
-    return float((correct & mask).sum()) / n if n else 0.0
+        return total, steps

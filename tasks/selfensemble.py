@@ -75,3 +75,21 @@ def lambda_ramp(round_: int, start: float, end: float, ramp_rounds: int) -> floa
         return end
     frac = min(max(round_ - 1, 0) / ramp_rounds, 1.0)
     return start + (end - start) * frac
+
+
+def split_batches(
+    batches: list[torch.Tensor], positive: torch.Tensor, negative: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each batch's indices in D+ and in D- (eq. 10, 12: disjoint sets), in batch order: the
+    same tensors as ``idx[positive[idx]]`` and ``idx[negative[idx]]``, with one host read for
+    all the batches (their sizes) instead of two a batch."""
+    if not batches:
+        return []
+    inside = [(positive[idx], negative[idx]) for idx in batches]
+    sizes = torch.stack([torch.stack([p.sum(), n.sum()]) for p, n in inside]).tolist()
+    out = []
+    for idx, (pos, neg), (n_pos, n_neg) in zip(batches, inside, sizes, strict=True):
+        group = torch.where(pos, 0, torch.where(neg, 1, 2))  # D+ first, then D-, then neither
+        ordered = idx[torch.sort(group, stable=True).indices]
+        out.append((ordered[:n_pos], ordered[n_pos : n_pos + n_neg]))
+    return out

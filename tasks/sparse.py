@@ -46,7 +46,7 @@ def encode(values: torch.Tensor, mask: torch.Tensor | None) -> Payload:
     if mask is None:
         return {"dense": values.numpy().copy()}
     mask = mask.reshape(-1).cpu()
-    idx = torch.nonzero(mask).squeeze(1)
+    idx = torch.from_numpy(np.flatnonzero(mask.numpy()))  # on the host copy: no device sync
     dtype = index_dtype(numel)
     index_bytes = min(idx.numel() * dtype.itemsize, (numel + 7) // 8)
     if index_bytes + 4 * idx.numel() >= 4 * numel:
@@ -75,13 +75,15 @@ def decode(ref: torch.Tensor | None, payload: Mapping[str, np.ndarray], numel: i
         raise ValueError("a sparse payload needs the receiver's copy of the vector")
     if "mask" in payload:
         bits = np.unpackbits(np.asarray(payload["mask"], dtype=np.uint8), count=numel)
-        idx = torch.from_numpy(np.flatnonzero(bits))
+        idx = np.flatnonzero(bits)
     else:
-        idx = torch.from_numpy(np.asarray(payload["idx"]).astype(np.int64))
-    if idx.numel() and not 0 <= int(idx.min()) <= int(idx.max()) < numel:
+        idx = np.asarray(payload["idx"]).astype(np.int64)
+    if idx.size and not 0 <= idx.min() <= idx.max() < numel:  # checked in numpy, on the host
         raise ValueError(f"sparse payload indexes outside the {numel} elements")
     out = ref.detach().reshape(-1).float().cpu().clone()
-    out[idx] = torch.from_numpy(np.asarray(payload["val"], dtype=np.float32).copy())
+    out[torch.from_numpy(idx)] = torch.from_numpy(
+        np.asarray(payload["val"], dtype=np.float32).copy()
+    )
     return out
 
 

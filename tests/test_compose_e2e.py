@@ -165,6 +165,13 @@ def cleanup_run(tmp_path: Path, then: str, stop: bool) -> tuple[int, str, list[s
             while not ready.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
+            # Sent again if the run goes on: one CI run on a loaded machine did not end
+            # within 60 s of the first (bash can miss a signal while it forks its command).
+            for _ in range(4):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+                    break
+                proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:
         with contextlib.suppress(ProcessLookupError):

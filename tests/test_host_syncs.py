@@ -128,6 +128,20 @@ def test_the_script_writes_syncs_per_step_ops_and_the_host_and_a_line_per_method
     assert data["methods"]["server_sl"]["part"] == "server"
 
 
+def test_the_confidence_selecting_clients_sync_at_most_once_a_step(tmp_path):
+    """The GPU-speed target with the batched engine: FedSEAL's D+/D- sizes are read once an
+    epoch and its metrics once a round (host copies, counted apart); FedMatch's one sync a
+    step is its confident samples' nonzero (by design: the forward on them alone sets
+    BatchNorm's statistics); its payloads' indices are found on the host copies."""
+    path = tmp_path / "syncs.json"
+    code, _, _ = run("--methods", "fedseal,fedmatch", "--engine", "batched", "--json", str(path))
+    methods = json.loads(path.read_text())["methods"]
+    assert code == 0
+    assert methods["fedseal"]["syncs_per_step"] == 0
+    assert methods["fedmatch"]["syncs_per_step"] <= 1
+    assert methods["fedmatch"]["ops"] == {"aten.nonzero": methods["fedmatch"]["steps"]}
+
+
 @pytest.mark.parametrize(
     "args",
     [("--methods", "fedavg_fixmatch,nope"), ("--methods", ","), ("--bogus",), ("--engine", "x")],

@@ -14,8 +14,10 @@ from tasks.selfensemble import (
     negative_loss,
     positive_loss,
     positive_set,
+    split_batches,
     update_ensemble,
 )
+from tasks.syncs import SyncCounter
 
 
 def test_class_thresholds_eq5():
@@ -79,3 +81,22 @@ def test_lambda_ramp():
     assert lambda_ramp(6, 0.1, 1.0, 10) == pytest.approx(0.55)
     assert lambda_ramp(50, 0.1, 1.0, 10) == pytest.approx(1.0)
     assert lambda_ramp(1, 0.1, 1.0, 0) == 1.0
+
+
+def test_split_batches_gives_the_masked_indices_in_order_with_one_host_read():
+    """The same tensors as idx[pos[idx]] and idx[neg[idx]] (eq. 10, 12), for batches in any
+    order; no sync, one host copy (the sizes of every batch)."""
+    pos = torch.tensor([True, False, False, True, False, True, True])
+    neg = torch.tensor([False, True, False, False, True, False, False])
+    batches = [torch.tensor([5, 0, 1, 6]), torch.tensor([3, 2, 4]), torch.tensor([2])]
+    with SyncCounter() as counter:
+        split = split_batches(batches, pos, neg)
+    assert counter.total == 0 and sum(counter.host_copies.values()) == 1
+    assert [(p.tolist(), n.tolist()) for p, n in split] == [
+        ([5, 0, 6], [1]),
+        ([3], [4]),
+        ([], []),
+    ]
+    for idx, (p, n) in zip(batches, split):
+        assert torch.equal(p, idx[pos[idx]]) and torch.equal(n, idx[neg[idx]])
+    assert split_batches([], pos, neg) == []
