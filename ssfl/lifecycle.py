@@ -165,6 +165,7 @@ def interrupted_results(out: Path) -> dict | None:
     ``"status": "interrupted"`` (None when no round completed: nothing to resume)."""
     import json
 
+    from ssfl.experiment import resolve_config
     from ssfl.registry import settings_of
     from tasks.checkpoint import (
         CHECKPOINT_FILE,
@@ -172,6 +173,7 @@ def interrupted_results(out: Path) -> dict | None:
         checkpoint_rows,
         load_checkpoint,
     )
+    from tasks.config import ConfigError
     from tasks.settings import mapping
 
     try:
@@ -179,7 +181,10 @@ def interrupted_results(out: Path) -> dict | None:
         rows = checkpoint_rows(out / CHECKPOINT_FILE, checkpoint)
     except CheckpointError:
         return None
-    settings = settings_of(json.loads(checkpoint["config"]))
+    try:  # resolved: a key added to the settings since the checkpoint takes its default
+        settings = settings_of(resolve_config(json.loads(checkpoint["config"])))
+    except ConfigError:  # a config this code no longer reads: no record, as unreadable
+        return None
     accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
     return {
         "status": "interrupted",

@@ -25,6 +25,7 @@ from ssfl.lifecycle import (
     TAG_VAR,
     RunInterrupted,
     end_processes,
+    interrupted_results,
     owner_line,
     record_interruption,
     remove_stale_folders,
@@ -267,6 +268,22 @@ def test_an_interrupted_run_records_its_checkpoint_rounds(exp, tmp_path):
         2,
         0.5,
     )
+
+
+def test_a_checkpoint_of_older_code_records_its_rounds_with_the_new_keys_defaults(exp, tmp_path):
+    """A checkpoint written before a setting existed (here simulation.partial_sums) is read
+    with that setting's default; one whose config no longer resolves gives no record."""
+    out = tmp_path / "out"
+    old = resolve_experiment(exp)
+    del old["simulation"]["partial_sums"]
+    state = {"round": 2, "config": json.dumps(old), "rows": json.dumps(ROWS)}
+    save_checkpoint(state, out / "checkpoint.pt")
+    results = interrupted_results(out)
+    assert results is not None and results["rounds_done"] == 2
+    assert results["config"]["simulation"]["partial_sums"] is True
+    gone = {**old, "no_such_section": {"x": 1}}
+    save_checkpoint({**state, "config": json.dumps(gone)}, out / "checkpoint.pt")
+    assert interrupted_results(out) is None
 
 
 def test_a_signal_after_the_run_completed_keeps_its_results(exp, tmp_path):
