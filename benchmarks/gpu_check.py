@@ -5,9 +5,12 @@ a ResNet-18 cell at CIFAR-10 sizes. Writes one JSON (``scripts/gpu-check.sh`` wr
 Every step has a time budget (and the whole check one); a step that fails or runs out
 of time is recorded in the JSON with its one-line reason, and the check goes on. Each
 step prints one summary line as it ends. ``--cpu`` runs the same steps on the CPU at
-tiny sizes (CI).
+tiny sizes (CI). ``--steps`` runs some steps only; ``--execution`` and ``--engine`` set the
+round and CIFAR steps' ``simulation.execution`` and ``augment.engine`` (an A/B of cohort
+execution and the sync-free augmentation on a GPU, against a default check's JSON).
 
     python -m benchmarks.gpu_check --json gpu-check.json [--cpu] [--methods a,b] [--keep DIR]
+    python -m benchmarks.gpu_check --steps round,cifar --execution cohort --engine batched
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tasks.settings import EXECUTIONS, AugmentSettings, choices_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -344,7 +349,7 @@ def round_time(ctx: Context) -> dict[str, Any]:
     raw["dataset"]["synthetic_train_size"] = s.round_clients * s.round_images + 400
     raw["split"].update(num_clients=s.round_clients, client_size=s.round_images)
     with UtilSampler(not ctx.cpu) as sampler:
-        result = ssfl_run(raw, ctx.work / "round", ctx.budget)
+        result = ssfl_run(raw, ctx.work / "round", ctx.budget, ctx.round_sets())
     if result["status"] != "ok":
         raise RuntimeError(f"the run {result['status']}: {result.get('error', '')}")
     later = result["round_seconds"][1:] or result["round_seconds"]
@@ -379,7 +384,7 @@ def cifar_cell(ctx: Context) -> dict[str, Any]:
     tiny = tiny if ctx.cpu else ()
     raw = yaml.safe_load((ROOT / "experiments/ssfl-cifar10/crl_gn.yaml").read_text())
     with UtilSampler(not ctx.cpu) as sampler:
-        result = ssfl_run(raw, ctx.work / "cifar", ctx.budget, sets + tiny)
+        result = ssfl_run(raw, ctx.work / "cifar", ctx.budget, sets + tiny + ctx.round_sets())
     if result["status"] != "ok":
         raise RuntimeError(f"the run {result['status']}: {result.get('error', '')}")
     return {
@@ -423,6 +428,14 @@ class Context:
     methods: list[str]
     budget: float = 0.0
     problems: list[str] | None = None
+    execution: str = "per_client"  # the round and CIFAR steps' simulation.execution
+    engine: str = ""  # and their augment.engine ("": the experiment's)
+    steps: tuple[str, ...] = ()  # the steps to run (empty: every one)
+
+    def round_sets(self) -> tuple[str, ...]:
+        """The ``--set`` options of the round and CIFAR runs' execution and engine."""
+        engine = (f"augment.engine={self.engine}",) if self.engine else ()
+        return (f"simulation.execution={self.execution}", *engine)
 
     @property
     def device(self) -> str:
@@ -469,9 +482,16 @@ def summary_of(name: str, out: Mapping[str, Any]) -> str:
 def check(ctx: Context, total_budget: float) -> dict[str, Any]:
     """Every step within its budget and the total; the JSON's content."""
     deadline = time.monotonic() + total_budget
-    report: dict[str, Any] = {"mode": "cpu" if ctx.cpu else "gpu", "started": time.time()}
+    report: dict[str, Any] = {
+        "mode": "cpu" if ctx.cpu else "gpu",
+        "execution": ctx.execution,
+        "engine": ctx.engine or "default",
+        "started": time.time(),
+    }
     steps: dict[str, Any] = {}
     for name, fn in STEPS.items():
+        if ctx.steps and name not in ctx.steps:
+            continue
         ctx.budget = min(ctx.sizes.budgets[name], deadline - time.monotonic())
         if ctx.budget < 5:
             steps[name] = {"status": "skipped", "error": "out of the check's time budget"}
@@ -493,6 +513,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", help="comma-separated methods (default: all registered)")
     parser.add_argument(
         "--budget", type=float, help="seconds for the whole check (default 470; --cpu 1500)"
+    )
+    parser.add_argument("--steps", help=f"comma-separated steps (default: all of {list(STEPS)})")
+    parser.add_argument(
+        "--execution",
+        choices=EXECUTIONS,
+        default="per_client",
+        help="simulation.execution of the round and CIFAR steps",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=choices_of(AugmentSettings)["engine"],
+        help="augment.engine of the round and CIFAR steps (default: the experiment's)",
     )
     parser.add_argument(
         "--keep",
@@ -524,8 +556,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"gpu-check: error: unknown methods {unknown}", file=sys.stderr)
         return 2
+    steps = tuple(s.strip() for s in (args.steps or "").split(",") if s.strip())
+    if sorted(set(steps) - set(STEPS)) or (args.steps is not None and not steps):
+        print(
+            f"gpu-check: error: --steps {args.steps!r}: choose from {list(STEPS)}", file=sys.stderr
+        )
+        return 2
     with work_folder(args.keep) as work:
         ctx = Context(args.cpu, CPU if args.cpu else GPU, work, methods, problems=[])
+        ctx.execution, ctx.engine, ctx.steps = args.execution, args.engine or "", steps
         report = check(ctx, args.budget or TOTAL_BUDGET_S["cpu" if args.cpu else "gpu"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

@@ -13,10 +13,10 @@ from __future__ import annotations
 import traceback
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.base import node_from_config, parse_config
+from client_app.base import node_from_config, parse_config, record_arrays
 from client_app.state import restore_state, save_state, state_folder
 from ssfl import cohort
 from ssfl.registry import method, settings_of
@@ -103,8 +103,8 @@ def summed(
             continue
         start_record = messages[pid]["arrays"]
         if id(start_record) not in decoded:
-            decoded[id(start_record)] = numpy_arrays(start_record)
-        start, state = decoded[id(start_record)], numpy_arrays(record)
+            decoded[id(start_record)] = record_arrays(start_record)
+        start, state = decoded[id(start_record)], record_arrays(record)
         if array_problem(state, {k: torch.from_numpy(v) for k, v in start.items()}):
             continue
         pids.append(pid)
@@ -118,11 +118,6 @@ def summed(
         del replies[pid]["arrays"]
     part = partial_sum(pids, states, weights, starts, request.diversity_keys)
     return cohort.ReturnedSum(part, sizes)
-
-
-def numpy_arrays(record: ArrayRecord) -> State:
-    """An ArrayRecord's arrays by key."""
-    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
 
 
 def client_state(state: RecordDict, pid: int) -> RecordDict:

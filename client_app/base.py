@@ -33,6 +33,7 @@ from tasks.models import model_for
 from tasks.partition import split_key, split_of_key, stream_slice, stream_step
 from tasks.privacy import clipped_model
 from tasks.settings import Settings, SplitSettings
+from tasks.state_io import device_tensors, host_arrays, load_host_arrays
 from tasks.train import (
     DEVICE_RECORD,
     autocast,
@@ -268,8 +269,9 @@ class ClientHalf(ABC):
         return (type(self), str(self.config["ssfl-config"]), shape, str(self.device))
 
     def load_model(self) -> None:
-        """Start from the server's model (a method with its own payload format overrides this)."""
-        self.model.load_state_dict(self.content["arrays"].to_torch_state_dict())
+        """Start from the server's model (a method with its own payload format overrides
+        this), in one copy per dtype (tasks.state_io)."""
+        load_host_arrays(self.model, record_arrays(self.content["arrays"]))
 
     def optimizer(self) -> torch.optim.Optimizer:
         """SGD (or Adam, client.optimizer); with client.keep_momentum, the SGD momentum
@@ -284,11 +286,10 @@ class ClientHalf(ABC):
             self.model.parameters(), self.lr, half.momentum, half.weight_decay, half.nesterov
         )
         if half.keep_momentum and MOMENTUM_KEY in self.state:
-            record = self.state[MOMENTUM_KEY]
+            buffers = device_tensors(record_arrays(self.state[MOMENTUM_KEY]), self.device)
             for i, param in enumerate(self.model.parameters()):
-                if str(i) in record:
-                    buf = torch.from_numpy(record[str(i)].numpy()).to(param.device)
-                    self.opt.state[param]["momentum_buffer"] = buf
+                if str(i) in buffers:
+                    self.opt.state[param]["momentum_buffer"] = buffers[str(i)]
         return self.opt
 
     def save_momentum(self) -> None:
@@ -297,11 +298,11 @@ class ClientHalf(ABC):
             return
         params = list(self.model.parameters())
         buffers = {
-            str(i): self.opt.state[p]["momentum_buffer"].detach().cpu()
+            str(i): self.opt.state[p]["momentum_buffer"]
             for i, p in enumerate(params)
             if self.opt.state[p].get("momentum_buffer") is not None
         }
-        self.state[MOMENTUM_KEY] = ArrayRecord(buffers)
+        self.state[MOMENTUM_KEY] = host_record(buffers)
 
     def round_steps(self, n: int | None = None) -> int:
         """SGD steps this round: client.local_steps (T), else epochs over n (unlabeled) samples."""
@@ -358,7 +359,8 @@ class ClientHalf(ABC):
         """Run local training on ``self.model``; return the round's metrics."""
 
     def reply_arrays(self) -> dict[str, ArrayRecord]:
-        return {"arrays": ArrayRecord(self.model.state_dict())}
+        """The trained model, copied to the host in one copy per dtype (tasks.state_io)."""
+        return {"arrays": host_record(self.model.state_dict())}
 
     def run(self) -> dict[str, float]:
         """``train`` with every random stream (augmentation, batch order) seeded by the
@@ -416,3 +418,14 @@ class ClientHalf(ABC):
         )
         content[DEVICE_RECORD] = ConfigRecord({"device": device_name(self.device)})
         return content
+
+
+def record_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """An ArrayRecord's arrays by key."""
+    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
+
+
+def host_record(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """An ArrayRecord of ``tensors`` (as ``ArrayRecord(state_dict)`` gives it), copied to the
+    host in one copy per dtype."""
+    return ArrayRecord(array_dict={k: Array(v) for k, v in host_arrays(tensors).items()})

@@ -16,7 +16,7 @@ from typing import Any
 from flwr.supercore.differential_privacy import compute_adaptive_noise_params
 
 from ssfl.registry import METHODS, method
-from ssfl.runner import CHECKPOINT_FILE
+from tasks.checkpoint import CHECKPOINT_FILE
 from tasks.config import (
     DEFAULTS,
     ConfigError,
@@ -321,8 +321,6 @@ def config_differences(recorded: Mapping[str, Any], settings: Settings) -> list[
 def check_resumable(out: Path, settings: Settings) -> int:
     """The round a run in ``out`` can resume from with ``settings`` (its checkpoint's); a
     ConfigError when there is no readable checkpoint or its config differs (keys named)."""
-    from tasks.checkpoint import CHECKPOINT_FILE
-
     path = Path(out) / CHECKPOINT_FILE
     checkpoint = run_checkpoint(
         path,

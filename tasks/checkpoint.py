@@ -15,8 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 # The server's checkpoint in a run's output folder (ssfl run/deploy-local --resume).
 CHECKPOINT_FILE = "checkpoint.pt"
 # The rows the checkpoints of a run cover, one JSON line a round, beside them: a checkpoint
@@ -48,6 +46,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """``state`` (tensors and plain values) serialised by torch, written atomically."""
+    import torch  # here: the CLI reads this module's names without torch
+
     buffer = io.BytesIO()
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
@@ -61,6 +61,8 @@ def kept_checkpoint(path: Path, rnd: int) -> Path:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint written by :func:`save_checkpoint`; CheckpointError if missing or unreadable."""
+    import torch
+
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     try:

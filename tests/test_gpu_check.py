@@ -135,6 +135,49 @@ def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path, capsys):
         check_method_run(name, kept / "methods" / name, capsys)
 
 
+@pytest.mark.process
+@pytest.mark.slow
+def test_the_round_step_alone_in_cohort_mode_with_the_batched_engine(tmp_path):
+    """``--steps round --execution cohort --engine batched``: that step only, its run made
+    with those settings (the GPU A/B of cohort execution against a default check)."""
+    out, kept = tmp_path / "check.json", tmp_path / "kept"
+    variant = ["--execution", "cohort", "--engine", "batched", "--json", str(out)]
+    proc = subprocess.run(
+        [
+            "bash",
+            "scripts/gpu-check.sh",
+            "--cpu",
+            "--steps",
+            "round",
+            "--keep",
+            str(kept),
+            *variant,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads(out.read_text())
+    assert proc.returncode == 0 and report["ok"], proc.stdout[-3000:]
+    assert list(report["steps"]) == ["round"]
+    assert (report["execution"], report["engine"]) == ("cohort", "batched")
+    config = json.loads((kept / "round" / "results.json").read_text())["config"]
+    assert config["simulation"]["execution"] == "cohort"
+    assert config["augment"]["engine"] == "batched"
+    assert len(report["steps"]["round"]["round_seconds"]) == 3
+
+
+@pytest.mark.parametrize("args", [["--steps", "nope"], ["--steps", ","], ["--methods", "x"]])
+def test_a_bad_step_or_method_is_one_line_and_exit_2(args, capsys):
+    from benchmarks.gpu_check import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu-check: error: ")
+
+
 @pytest.mark.parametrize(
     ("client", "bare"), [(3.06, 3.1), (0.4123, 0.4), (812.37, 1024.9), (12345.6, 12000.0)]
 )
