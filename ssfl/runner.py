@@ -82,6 +82,10 @@ def flwr_env(home: Path, **extra: str) -> dict[str, str]:
         # a 2-core machine two extra Python processes start beside the actors (a user's
         # own setting wins).
         "RAY_prestart_worker_first_driver": "0",
+        # Ray's processes give up on reaching the GCS after 60 s by default; a busy machine
+        # (two runs starting on 2 cores beside a container build) has needed longer (a user's
+        # own setting wins).
+        "RAY_gcs_rpc_server_reconnect_timeout_s": "300",
         **os.environ,
         # Flower starts flower-superexec and flwr-serverapp by name: find ours first,
         # also when this environment is not activated.

@@ -93,6 +93,17 @@ def test_ray_under_flowers_environment_starts_only_the_workers_the_actors_use(
 
 
 @pytest.mark.parametrize(
+    ("user", "seconds"), [({}, "300"), ({"RAY_gcs_rpc_server_reconnect_timeout_s": "20"}, "20")]
+)
+def test_ray_waits_minutes_for_its_gcs_unless_the_user_says(user, seconds, tmp_path, monkeypatch):
+    # Ray's default (60 s) ran out once when two runs started on 2 busy cores.
+    monkeypatch.delenv("RAY_gcs_rpc_server_reconnect_timeout_s", raising=False)
+    for key, value in user.items():
+        monkeypatch.setenv(key, value)
+    assert flwr_env(tmp_path)["RAY_gcs_rpc_server_reconnect_timeout_s"] == seconds
+
+
+@pytest.mark.parametrize(
     ("user", "prestarted"),
     [({}, True), ({"SSFL_RAY_PRESTART": "0"}, False), ({"RAY_ADDRESS": "10.0.0.5:6379"}, False)],
 )
