@@ -29,13 +29,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing or unreadable (the message is one line naming it)."""
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
+    """Write ``data`` (or its chunks, one after another) to ``path`` through a temporary file
+    in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for chunk in [data] if isinstance(data, bytes) else data:
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -1,0 +1,115 @@
+"""What persisting a client's state costs per round: the state file's layout against Flower's
+protobuf, which earlier versions wrote.
+
+A client that keeps its SGD momentum (client.keep_momentum; the SSFL benchmark's default)
+writes one buffer per parameter of its model after every round it trains
+(client_app/state.py: ``save_state``), and a resumed or restarted node reads it back
+(``restore_state``). For ``--model`` (random values, the real shapes) this times, best of
+``--repeat`` on one thread, writing the state (encoding and an fsync'd atomic write) and
+reading it back, both ways, in a scratch folder under ``--dir``. Writes ``--json`` and
+prints it.
+
+    python benchmarks/client_state.py --model resnet18 --json results/client-state/resnet18.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+from client_app.base import MOMENTUM_KEY, host_record
+from client_app.state import read_state, save_state
+from tasks.checkpoint import write_atomic
+from tasks.models import build_model
+from tasks.results import host
+
+SIZES = {"small_cnn": (1, 28), "resnet18": (3, 32)}  # (channels, image size)
+
+
+def momentum_state(model: str) -> RecordDict:
+    """A kept-momentum state of ``model``: one random float32 buffer per parameter, as
+    ``client_app.base`` keeps it."""
+    channels, size = SIZES[model]
+    net = build_model(model, channels, 10, size, "bn", [0.5] * channels, [0.5] * channels)
+    generator = torch.Generator().manual_seed(0)
+    buffers = {
+        str(i): torch.randn(p.shape, generator=generator) for i, p in enumerate(net.parameters())
+    }
+    return RecordDict({MOMENTUM_KEY: host_record(buffers)})
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    """The shortest of ``repeat`` timed calls (seconds)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure(model: str, repeat: int, folder: Path) -> dict:
+    """Seconds to write and to read ``model``'s momentum state, both layouts."""
+    state = momentum_state(model)
+    proto_file, state_file = folder / "proto.bin", folder / "round-1.bin"
+
+    def write_proto() -> None:
+        write_atomic(proto_file, recorddict_to_proto(state).SerializeToString())
+
+    def read_proto() -> RecordDict:
+        proto = ProtoRecordDict()
+        proto.ParseFromString(proto_file.read_bytes())
+        return recorddict_from_proto(proto)
+
+    write_proto()
+    save_state(state, folder, 1)
+    kept = [a.numpy() for a in state[MOMENTUM_KEY].values()]
+    back = [a.numpy() for a in read_state(state_file)[MOMENTUM_KEY].values()]
+    back_proto = [a.numpy() for a in read_proto()[MOMENTUM_KEY].values()]
+    same = all(
+        np.array_equal(a, b) and np.array_equal(a, c)
+        for a, b, c in zip(kept, back, back_proto, strict=True)
+    )
+    return {
+        "model": model,
+        "buffers": len(state[MOMENTUM_KEY]),
+        "state_bytes": sum(len(a.data) for a in state[MOMENTUM_KEY].values()),
+        "file_bytes": state_file.stat().st_size,
+        "protobuf_file_bytes": proto_file.stat().st_size,
+        "write_seconds": best_of(repeat, lambda: save_state(state, folder, 1)),
+        "protobuf_write_seconds": best_of(repeat, write_proto),
+        "read_seconds": best_of(repeat, lambda: read_state(state_file)),
+        "protobuf_read_seconds": best_of(repeat, read_proto),
+        "same_values": same,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(SIZES), default="resnet18")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="scratch folder's parent")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="ssfl-state-", dir=args.dir) as scratch:
+        result = {**measure(args.model, args.repeat, Path(scratch)), "host": host()}
+    text = json.dumps(result, indent=2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
