@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ssfl import cohort
-from strategies.parts import numpy_state, to_record
+from ssfl.records import record_arrays, to_record
 from tasks.aggregate import mean_of_partial_sums, partial_sum, weighted_average
 from tasks.models import build_model
 from tasks.results import host
@@ -69,13 +69,14 @@ def measure(model: str, clients: int, workers: int, repeat: int) -> dict:
     sum_records = [to_record(part.sums) for part in sums]
 
     def per_client() -> object:
-        return weighted_average([numpy_state(r) for r in records], weights)
+        return weighted_average([record_arrays(r) for r in records], weights)
 
     def from_sums() -> object:
         parts = [
-            type(part)(part.pids, numpy_state(r), part.weight) for part, r in zip(sums, sum_records)
+            type(part)(part.pids, record_arrays(r), part.weight)
+            for part, r in zip(sums, sum_records)
         ]
-        return mean_of_partial_sums(parts, states[0])
+        return mean_of_partial_sums(parts, {k: v.dtype for k, v in states[0].items()})
 
     def worker_sums() -> object:
         return [partial_sum(g, [states[p] for p in g], [weights[p] for p in g]) for g in groups]

@@ -16,9 +16,10 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.base import node_from_config, parse_config, record_arrays
+from client_app.base import node_from_config, parse_config
 from client_app.state import restore_state, save_state, state_folder
 from ssfl import cohort
+from ssfl.records import record_arrays
 from ssfl.registry import method, settings_of
 from tasks.aggregate import State, array_problem, partial_sum
 from tasks.train import keep_freed_memory

@@ -25,6 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 from torch import nn
 
+from ssfl.records import record_arrays
 from ssfl.registry import settings_of
 from tasks.attack import MODEL_ATTACKS, poisoned
 from tasks.augment import strong_augment, weak_augment
@@ -418,11 +419,6 @@ class ClientHalf(ABC):
         )
         content[DEVICE_RECORD] = ConfigRecord({"device": device_name(self.device)})
         return content
-
-
-def record_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """An ArrayRecord's arrays by key."""
-    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
 
 
 def host_record(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:

@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from client_app.fedmatch import FedMatchSettings
+from ssfl.records import to_record
 from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
@@ -32,17 +33,10 @@ from strategies.parts import (
     SupervisedTrainer,
     TestAccuracy,
     Update,
-    to_record,
 )
 from tasks.aggregate import array_problem, weighted_average
 from tasks.config import ConfigError
-from tasks.decompose import (
-    BUFFER,
-    Decomposed,
-    buffer_arrays,
-    dense_model_bytes,
-    uploaded_parts,
-)
+from tasks.decompose import BUFFER, Decomposed, buffer_arrays, dense_model_bytes, uploaded_parts
 from tasks.fedmatch import HelperIndex, is_helper_round, noise_input
 from tasks.settings import Settings
 from tasks.sparse import (

@@ -31,29 +31,15 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from client_app.fedossl import FedoSSLSettings
+from ssfl.records import record_arrays, to_record
 from strategies.loop import ServerHalf
-from strategies.parts import (
-    DenseCodec,
-    Evaluator,
-    Metrics,
-    NoTrainer,
-    Parts,
-    ServerSide,
-    Update,
-    numpy_state,
-    to_record,
-)
+from strategies.parts import DenseCodec, Evaluator, Metrics, NoTrainer, Parts, ServerSide, Update
 from tasks.aggregate import weighted_average
 from tasks.augment import strong_augment
 from tasks.config import ConfigError
 from tasks.data import dataset_info
 from tasks.models import classifier_keys, head_of, model_for
-from tasks.openworld import (
-    claim_seen_rows,
-    cluster_global_centroids,
-    open_world_accuracy,
-    predict,
-)
+from tasks.openworld import claim_seen_rows, cluster_global_centroids, open_world_accuracy, predict
 from tasks.partition import class_roles
 from tasks.pretrain import cached_pretrain, settings_from, simclr_pretrain
 from tasks.settings import Settings, mapping
@@ -214,7 +200,7 @@ class OpenWorldAverage:
         personal all (Local-O) the client's own model, once it has one."""
         if pid not in self.kept:
             return arrays
-        return to_record({**numpy_state(arrays), **self.kept[pid]})
+        return to_record({**record_arrays(arrays), **self.kept[pid]})
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
         states = {u.pid: u.arrays for u in updates}

@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from torch import nn
 
+from ssfl.records import record_arrays
 from strategies.loop import ServerHalf
 from strategies.parts import (
     DenseCodec,
@@ -30,17 +31,10 @@ from strategies.parts import (
     ServerSide,
     SupervisedTrainer,
     TestAccuracy,
-    numpy_state,
 )
 from tasks.config import ConfigError
 from tasks.data import dataset_info
-from tasks.models import (
-    classifier_keys,
-    has_ssl_heads,
-    model_for,
-    num_blocks,
-    without_ssl_heads,
-)
+from tasks.models import classifier_keys, has_ssl_heads, model_for, num_blocks, without_ssl_heads
 from tasks.settings import Settings
 from tasks.train import derive_seed, evaluate, seeded
 
@@ -110,8 +104,8 @@ class SupervisedGroups(GroupedAverage):
 
     def joining(self) -> dict[str, np.ndarray]:
         return {
-            **numpy_state(self.server.arrays()),
-            **numpy_state(ArrayRecord(self.teacher.state_dict())),
+            **record_arrays(self.server.arrays()),
+            **record_arrays(ArrayRecord(self.teacher.state_dict())),
         }
 
     def model_for(self, server_round: int, pid: int, arrays: ArrayRecord) -> ArrayRecord:

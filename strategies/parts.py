@@ -30,16 +30,18 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
 from ssfl.cohort import SumRequest
+from ssfl.records import record_arrays, record_dtypes, to_record
 from tasks.aggregate import (
     PartialSum,
     State,
     array_problem,
     assign_groups,
     average_with_server,
+    classifier_update,
     clip_update,
     coordinate_median,
     diversity_of_partial_sums,
@@ -129,9 +131,9 @@ class ServerSide:
         if self.settings.federation.average == "all":
             self.load(arrays)
             return
-        own = numpy_state(self.arrays())
+        own = record_arrays(self.arrays())
         buffers = [name for name, _ in self.model.named_buffers() if name in own]
-        kept = keep_own_buffers(numpy_state(arrays), own, buffers)
+        kept = keep_own_buffers(record_arrays(arrays), own, buffers)
         self.model.load_state_dict({k: torch.from_numpy(v) for k, v in kept.items()})
 
     def weak_augment(self) -> nn.Module:
@@ -142,17 +144,6 @@ class ServerSide:
 
 
 # ----- Records -------------------------------------------------------------------------
-def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    """An ArrayRecord of numpy arrays, dtypes kept (sparse payloads keep their index dtype)."""
-    return ArrayRecord(
-        array_dict={key: Array(np.ascontiguousarray(v)) for key, v in arrays.items()}
-    )
-
-
-def numpy_state(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
-
-
 def record_bytes(content: RecordDict) -> int:
     """Bytes of every array in a message, as serialised (what actually travels)."""
     return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
@@ -179,7 +170,7 @@ class Update:
     def arrays(self) -> dict[str, np.ndarray]:
         """The reply's ``arrays`` record decoded, once for validation, aggregation and the
         local models' evaluation (each Array.numpy() call deserialises anew)."""
-        return numpy_state(self.content["arrays"])
+        return record_arrays(self.content["arrays"])
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -473,7 +464,7 @@ class RobustAveraging:
         metrics: Metrics = {}
         bound = self.options.clip_norm
         if bound > 0:
-            decoded = {id(start): numpy_state(start) for start in starts.values()}
+            decoded = {id(start): record_arrays(start) for start in starts.values()}
             received = {pid: decoded[id(starts[pid])] for pid in users}  # one global: once
             metrics["clipped_partitions"] = [
                 pid for pid in sorted(users) if update_norm(users[pid], received[pid]) > bound
@@ -499,7 +490,7 @@ class RobustAveraging:
             for pid in scores:
                 start = starts[pid]
                 if id(start) not in received:
-                    received[id(start)] = self.validation_accuracy(numpy_state(start))
+                    received[id(start)] = self.validation_accuracy(record_arrays(start))
             references = {pid: received[id(starts[pid])] for pid in scores}
         margin = self.options.validation_margin
         return [pid for pid, score in scores.items() if score < references[pid] - margin]
@@ -593,8 +584,8 @@ class FedAvg:
     ) -> tuple[ArrayRecord, Metrics]:
         """FedAvg (eq. 2) from the workers' partial sums: sum_k n_k w_k / sum_k n_k."""
         parts = self.with_unsummed(updates, sums, "examples")
-        like = numpy_state(self.started_from[updates[0].pid])
-        return to_record(mean_of_partial_sums(parts, like, self.device)), {}
+        dtypes = record_dtypes(self.started_from[updates[0].pid])
+        return to_record(mean_of_partial_sums(parts, dtypes, self.device)), {}
 
     def with_unsummed(
         self, updates: list[Update], sums: list[PartialSum], weights: str, keys: tuple = ()
@@ -605,7 +596,7 @@ class FedAvg:
         rest = [u for u in updates if u.pid not in summed]
         if not rest:
             return list(sums)
-        starts = [numpy_state(self.started_from[u.pid]) for u in rest] if keys else []
+        starts = [record_arrays(self.started_from[u.pid]) for u in rest] if keys else []
         w = [float(u.num_examples) if weights == "examples" else 1.0 for u in rest]
         pids = [u.pid for u in rest]
         return [*sums, partial_sum(pids, [u.arrays for u in rest], w, starts, keys)]
@@ -633,7 +624,7 @@ class AverageWithServer(FedAvg):
 
     def joining(self) -> dict[str, np.ndarray]:
         """w_s, the model that joins the users' average: the server's."""
-        return numpy_state(self.server.arrays())
+        return record_arrays(self.server.arrays())
 
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
         server = self.joining()
@@ -657,7 +648,8 @@ class AverageWithServer(FedAvg):
         server = self.joining()
         joined = [partial_sum([-1], [server], [self.server_weight]), *users]
         metrics = {"weight_diversity": diversity_of_partial_sums(users)}
-        return to_record(mean_of_partial_sums(joined, server, self.device)), metrics
+        dtypes = {key: array.dtype for key, array in server.items()}
+        return to_record(mean_of_partial_sums(joined, dtypes, self.device)), metrics
 
     def combine(
         self, server_round: int, server: dict[str, np.ndarray], users: dict[int, dict]
@@ -671,14 +663,11 @@ class AverageWithServer(FedAvg):
 
     def diversity(self, users: dict[int, dict[str, np.ndarray]]) -> float:
         """Eq. 8 over the users' updates of ``diversity_keys``."""
+        keys = self.diversity_keys
         updates = []
         for pid in sorted(users):
-            start = self.started_from[pid]
-            updates.append(
-                np.concatenate(
-                    [(users[pid][k] - start[k].numpy()).ravel() for k in self.diversity_keys]
-                )
-            )
+            start = {k: self.started_from[pid][k].numpy() for k in keys}
+            updates.append(classifier_update(users[pid], start, keys))
         return weight_diversity(updates)
 
 

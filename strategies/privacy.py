@@ -27,7 +27,8 @@ from flwr.supercore.differential_privacy import (
     compute_stdv,
 )
 
-from strategies.parts import Aggregator, Metrics, ServerSide, Update, numpy_state, to_record
+from ssfl.records import record_arrays, to_record
+from strategies.parts import Aggregator, Metrics, ServerSide, Update
 from tasks.privacy import State, clipped_model, epsilon, floating_keys
 from tasks.settings import PrivacySettings, Settings
 from tasks.train import derive_seed
@@ -95,7 +96,7 @@ class PrivateAggregator:
         out, clipped, norms = [], 0, []
         bound = math.inf if self.on_clients else self.clipping_norm
         for u in updates:
-            model, norm = clipped_model(u.arrays, numpy_state(self.started_from[u.pid]), bound)
+            model, norm = clipped_model(u.arrays, record_arrays(self.started_from[u.pid]), bound)
             if self.on_clients:
                 clipped += int(bool(u.content["metrics"].get(KEY_NORM_BIT, False)))
             else:
@@ -111,7 +112,7 @@ class PrivateAggregator:
         record, metrics = self.inner.aggregate(server_round, private)
         std = compute_stdv(self.update_z, self.clipping_norm, len(private))
         rng = np.random.default_rng(derive_seed(self.settings.seed, "privacy", server_round))
-        average = noised(numpy_state(record), std, rng)
+        average = noised(record_arrays(record), std, rng)
         self.releases += 1
         metrics.update(
             {

@@ -123,23 +123,24 @@ def partial_sum(
 
 
 def mean_of_partial_sums(
-    parts: Sequence[PartialSum], like: State, device: torch.device | str = "cpu"
+    parts: Sequence[PartialSum], dtypes: Mapping[str, np.dtype], device: torch.device | str = "cpu"
 ) -> dict[str, np.ndarray]:
-    """sum over the parts of their sums / sum of their weights, cast to ``like``'s dtypes
-    (FedAvg, SSFL eq. 4-5 as one weighted mean); integer buffers take the maximum. Summed in
-    float64 on ``device``, part after part in the given order."""
+    """sum over the parts of their sums / sum of their weights, per key of ``dtypes`` (the
+    model's, in its order) cast to its dtype (FedAvg, SSFL eq. 4-5 as one weighted mean);
+    integer buffers take the maximum. Summed in float64 on ``device``, part after part in
+    the given order."""
     if not parts:
         raise ValueError("mean_of_partial_sums needs at least one part")
     total = sum(p.weight for p in parts)
     if total <= 0:
         raise ValueError("the parts' weights must not sum to zero")
     out: dict[str, np.ndarray] = {}
-    for key, reference in like.items():
-        if np.issubdtype(reference.dtype, np.floating):
-            acc = torch.zeros(reference.shape, dtype=torch.float64, device=device)
+    for key, dtype in dtypes.items():
+        if np.issubdtype(dtype, np.floating):
+            acc = torch.zeros(parts[0].sums[key].shape, dtype=torch.float64, device=device)
             for part in parts:
                 acc += torch.as_tensor(part.sums[key]).to(device, torch.float64)
-            out[key] = (acc / total).to(torch.as_tensor(reference).dtype).cpu().numpy()
+            out[key] = (acc / total).cpu().numpy().astype(dtype)
         else:
             out[key] = np.asarray(np.max(np.stack([p.sums[key] for p in parts]), axis=0))
     return out

@@ -12,10 +12,11 @@ from client_app import app as client_app
 from ssfl import cohort
 from ssfl.experiment import resolve_config
 from ssfl.gpu import cohort_workers
+from ssfl.records import to_record
 from ssfl.registry import METHODS, settings_of
 from ssfl.runner import federation_config
 from strategies.loop import RoundLoop, RoundStats
-from strategies.parts import Update, to_record
+from strategies.parts import Update
 from tasks.aggregate import (
     diversity_of_partial_sums,
     mean_of_partial_sums,
@@ -24,13 +25,7 @@ from tasks.aggregate import (
     weighted_average,
 )
 from tasks.config import ConfigError, deep_merge
-from tests.harness import (
-    InProcessGrid,
-    everyday_first,
-    run_method,
-    tiny_raw,
-    without_seconds,
-)
+from tests.harness import InProcessGrid, everyday_first, run_method, tiny_raw, without_seconds
 from tests.test_resume import run_rounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,7 +92,7 @@ def test_the_workers_partial_sums_give_fedavgs_mean_and_eq8():
     one = partial_sum([0], [A], [1.0], [ZERO], ["w"])
     other = partial_sum([1], [B], [3.0], [ZERO], ["w"])
     assert one.sums["w"].dtype == np.float64 and other.weight == 3.0
-    mean = mean_of_partial_sums([one, other], A)
+    mean = mean_of_partial_sums([one, other], {k: v.dtype for k, v in A.items()})
     assert mean["w"].dtype == np.float32 and mean["w"].tolist() == [2.5, 4.25]
     assert int(mean["n"]) == 7
     for key in A:

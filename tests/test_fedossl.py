@@ -15,8 +15,9 @@ import yaml
 from flwr.app import MetricRecord, RecordDict
 
 from ssfl.experiment import resolve_config, resolve_experiment
+from ssfl.records import record_arrays, to_record
 from ssfl.reproduce import FEDOSSL_ROWS, TABLES, cell_dir, reproduce
-from strategies.parts import Update, numpy_state, to_record
+from strategies.parts import Update
 from tasks.config import ConfigError, deep_merge
 from tasks.models import classifier_keys
 from tasks.pretrain import cache_path
@@ -122,8 +123,8 @@ def test_fedrep_keeps_each_clients_classifier_and_sends_it_back_to_it():
     assert len(aggregator.kept) == 3  # the round's sampled clients
     pid = next(iter(aggregator.kept))
     assert set(aggregator.kept[pid]) == head
-    start = numpy_state(aggregator.start_model(2, pid, strategy.server.arrays()))
-    server = numpy_state(strategy.server.arrays())
+    start = record_arrays(aggregator.start_model(2, pid, strategy.server.arrays()))
+    server = record_arrays(strategy.server.arrays())
     for key in server:
         expected = aggregator.kept[pid][key] if key in head else server[key]
         np.testing.assert_array_equal(start[key], expected)
@@ -276,7 +277,7 @@ def test_models_average_by_example_counts_or_uniformly(weighted, expected):
     hand-made models (all zeros with 1 example, all ones with 3)."""
     raw = deep_merge(BASE, {"algo": {"gamma": 0.0, "weighted_average": weighted}})
     strategy = build_strategy(raw)
-    state = numpy_state(strategy.server.arrays())
+    state = record_arrays(strategy.server.arrays())
     updates = [
         Update(
             pid,
@@ -291,5 +292,5 @@ def test_models_average_by_example_counts_or_uniformly(weighted, expected):
         for pid, n, fill in ((0, 1, 0), (1, 3, 1))
     ]
     arrays, _ = strategy.parts.aggregator.aggregate(1, updates)
-    weight = numpy_state(arrays)[classifier_keys(strategy.server.model)[0]]
+    weight = record_arrays(arrays)[classifier_keys(strategy.server.model)[0]]
     np.testing.assert_allclose(weight, expected)

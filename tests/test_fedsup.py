@@ -11,7 +11,7 @@ import torch
 
 import client_app.fedsup as fedsup_client
 from ssfl.experiment import resolve_config
-from strategies.parts import numpy_state
+from ssfl.records import record_arrays
 from tasks.config import deep_merge
 from tasks.models import SSLOutputs, classifier_keys
 from tests.harness import InProcessGrid, build_strategy, run_method
@@ -67,8 +67,8 @@ def test_f_server_joins_every_group_with_its_layers_and_the_heads_come_from_the_
     strategy = build_strategy(BASE)
     aggregator = strategy.parts.aggregator
     joining = aggregator.joining()
-    teacher = numpy_state(strategy.parts.codec.payloads[0].record)
-    online = numpy_state(strategy.server.arrays())
+    teacher = record_arrays(strategy.parts.codec.payloads[0].record)
+    online = record_arrays(strategy.server.arrays())
     assert list(joining) == list(online)
     for key, value in joining.items():
         expected = teacher[key] if key in teacher else online[key]
@@ -131,9 +131,9 @@ def test_the_consistency_loss_crosses_the_views(monkeypatch):
 def test_ssl_baselines_train_their_heads_and_the_server_trains_the_aggregate(method, model):
     raw = deep_merge(BASE, {"method": method, "model": model})
     strategy = build_strategy(raw)
-    before = numpy_state(strategy.server.arrays())
+    before = record_arrays(strategy.server.arrays())
     rows, strategy = run_method(raw, InProcessGrid(4))
-    after = numpy_state(strategy.server.arrays())
+    after = record_arrays(strategy.server.arrays())
     moved = {k for k in before if not np.array_equal(before[k], after[k])}
     assert any(k.startswith("1.projector") for k in moved)
     assert all(np.isfinite(r["train_loss"]) for r in rows)

@@ -15,8 +15,9 @@ from flwr.supercore.differential_privacy import compute_adaptive_noise_params
 
 from ssfl.experiment import resolve_config
 from ssfl.progress import progress_line
+from ssfl.records import record_arrays, to_record
 from ssfl.registry import settings_of
-from strategies.parts import FedAvg, Update, numpy_state, to_record
+from strategies.parts import FedAvg, Update
 from strategies.privacy import PrivateAggregator
 from tasks.config import ConfigError, deep_merge
 from tasks.privacy import clipped_model, epsilon
@@ -95,7 +96,7 @@ def round_of(agg: PrivateAggregator, start: dict, models: list[dict], rnd: int =
         content = RecordDict({"arrays": to_record(model), "metrics": metrics})
         updates.append(Update(pid, 10 * (pid + 1), content))
     out, metrics = agg.aggregate(rnd, updates)
-    return numpy_state(out), metrics
+    return record_arrays(out), metrics
 
 
 @pytest.mark.parametrize(
@@ -269,8 +270,8 @@ def test_clients_clip_their_replies_and_a_cohort_clips_each_client():
         sent = [m for m in trains if m.metadata.dst_node_id == node]
         back = [r for r in replies if r.metadata.src_node_id == node]
         for message, reply in zip(sent, back, strict=True):
-            start = numpy_state(message.content["arrays"])
-            assert norm_of(numpy_state(reply.content["arrays"]), start) <= 0.05 * (1 + 1e-5)
+            start = record_arrays(message.content["arrays"])
+            assert norm_of(record_arrays(reply.content["arrays"]), start) <= 0.05 * (1 + 1e-5)
     assert all(row["clipped_fraction"] == row["norm_bit"] and row["epsilon"] > 0 for row in rows)
     assert any(row["clipped_fraction"] > 0 for row in rows)
     assert [r["epsilon"] for r in rows] == sorted(r["epsilon"] for r in rows)

@@ -18,11 +18,11 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 import ssfl.runner
 from ssfl.cli import main
 from ssfl.experiment import resolve_config, reusable
+from ssfl.records import record_arrays
 from ssfl.registry import settings_of
 from ssfl.runner import RunFailed, submit_run
 from strategies.loop import RunStalled
 from strategies.messaging import failure_cause
-from strategies.parts import numpy_state
 from tasks.config import ConfigError
 from tasks.results import Recorder, markdown_table
 from tests.harness import InProcessGrid, build_strategy, run_method, tiny_raw
@@ -42,7 +42,7 @@ class TamperGrid(InProcessGrid):
         pid = self.partition[msg.metadata.dst_node_id]
         if msg.metadata.message_type != MessageType.TRAIN or pid not in self.tamper:
             return reply
-        arrays = {k: v.copy() for k, v in numpy_state(reply.content["arrays"]).items()}
+        arrays = {k: v.copy() for k, v in record_arrays(reply.content["arrays"]).items()}
         metrics = dict(reply.content["metrics"].items())
         self.tamper[pid](arrays, metrics)
         record = ArrayRecord(array_dict={k: Array(v) for k, v in arrays.items()})  # 0-d kept
