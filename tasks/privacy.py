@@ -10,12 +10,13 @@ sampling at rate q = clients per round / clients (docs/privacy.md: what this ass
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
 from flwr.supercore.differential_privacy import compute_clip_model_update, get_norm
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 State = dict[str, np.ndarray]
 
@@ -47,7 +48,10 @@ def clipped_model(model: State, start: State, bound: float) -> tuple[State, floa
 
 def round_event(noise_multiplier: float, rate: float, rounds: int) -> dp_event.DpEvent:
     """``rounds`` releases of the Gaussian mechanism with ``noise_multiplier`` on a Poisson
-    sample of the clients at ``rate``."""
+    sample of the clients at ``rate``. dp-accounting is imported here, not with the module:
+    it brings SciPy, about a second of every client process's start otherwise."""
+    from dp_accounting import dp_event
+
     gaussian = dp_event.GaussianDpEvent(noise_multiplier)
     sampled = gaussian if rate >= 1 else dp_event.PoissonSampledDpEvent(rate, gaussian)
     return dp_event.SelfComposedDpEvent(sampled, rounds)
@@ -62,6 +66,9 @@ def epsilon(
         return 0.0
     if noise_multiplier == 0:
         return math.inf
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
     if accountant == "rdp":
         spent = rdp_privacy_accountant.RdpAccountant(RDP_ORDERS)
     else:
