@@ -3,9 +3,11 @@ context.state is persisted per round (client_app/state.py).
 
 A cohort message (simulation.execution: cohort, ssfl/cohort.py) carries several clients:
 the node, a worker, trains them one after another, each with its own seeds, data, state
-(kept in the worker's context.state under the client's prefix, persisted per partition as
-a client's own) and attack role, and replies for all of them; a client that raises is a
-failure of that client only.
+and attack role, and replies for all of them; a client that raises is a failure of that
+client only. A client's state is persisted per partition as a client's own and read back
+from its file when the client is next sampled, so that the worker's context.state, which
+travels with every message to the worker (Ray, both ways), does not carry the states of all
+its clients; without a state folder it stays in context.state under the client's prefix.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def train_cohort(content: RecordDict, context: Context) -> RecordDict:
             replies[pid] = train_client(client_content, context, state, pid)
         except Exception:  # the client fails, its cohort goes on (the server counts it)
             errors[pid] = traceback.format_exc()
-        keep_client_state(context.state, pid, state)
+        persisted = state_folder(context.node_config, context.run_config, pid) is not None
+        keep_client_state(context.state, pid, RecordDict() if persisted else state)
     request = cohort.sum_request(content)
     returned = summed(request, contents, replies) if request else None
     out = cohort.pack(replies, errors)

@@ -259,6 +259,20 @@ def test_a_resumed_cohort_run_keeps_its_clients_state(tmp_path):
     assert without_seconds(straight) == rows_of(tiny_raw("fedseal"), 3)
 
 
+def test_with_a_state_folder_a_workers_context_carries_no_clients_state(tmp_path):
+    """The worker's context.state travels with each of its messages: its clients' states
+    (FedSEAL's self-ensemble and kept momentum) come from their partition files instead,
+    with the rows of a per-client run."""
+    raw = deep_merge(cohort_raw(tiny_raw("fedseal")), {"client": {"keep_momentum": True}})
+    grid = InProcessGrid(2, state_path=str(tmp_path / "client-state"))
+    rows, _ = run_method(raw, grid)
+    per_client = deep_merge(tiny_raw("fedseal"), {"client": {"keep_momentum": True}})
+    assert without_seconds(rows) == rows_of(per_client, 3)
+    assert [len(c.state) for c in grid.contexts.values()] == [0, 0]
+    kept = sorted(p.parent.name for p in (tmp_path / "client-state").glob("partition-*/round-*"))
+    assert set(kept) == {"partition-0", "partition-1", "partition-2"}
+
+
 def test_a_local_deployment_refuses_cohort_execution_in_one_line(tmp_path):
     from ssfl.deploy import run_deployment
 
