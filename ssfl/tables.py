@@ -52,6 +52,7 @@ class Status:
     page: str  # the verdict links to the page's WHY section
     verdict: str  # reproduced / partly / not
     cell: tuple[str, str, str] | None = None  # (block, row, column)
+    against: str | None = None  # a row of the same block and column shown beside ours
 
 
 BLOCKS: dict[str, Block] = {
@@ -114,12 +115,14 @@ STATUSES: tuple[Status, ...] = (
         "docs/ssfl-benchmark.md",
         "partly",
         ("ssfl-fig2", "FedAvg solution", "Non-IID"),
+        "Server-SL",  # the paper's federated model ends above the server alone
     ),
     Status(
         "`fedrgd`",
         "docs/ssfl-benchmark.md",
         "partly",
         ("ssfl-fig2", "Grouping-based solution", "Non-IID"),
+        "Server-SL",
     ),
     Status("`fedsup`", "docs/fedsup.md", "not", ("fedsup-table6", "FedSup", "IID")),
     Status("`fedavg_simclr`, `fedavg_simsiam`, `fedavg_byol`", "docs/fedsup.md", "not"),
@@ -295,9 +298,12 @@ def ours(status: Status, written: str) -> str:
         return re.sub(r"^\[(reproduced|partly|not)\]\([^)]*\): ", "", written)
     block_name, row, column = status.cell
     block = BLOCKS[block_name]
-    cell = cells(block).get((row, column))
+    found = cells(block)
     rows = {r.label: r for r in TABLES[block.table].rows}
-    return f"{column} {shown(cell)}, paper {paper(rows[row].paper.get(column))}"
+    text = f"{column} {shown(found.get((row, column)))}, paper {paper(rows[row].paper.get(column))}"
+    if status.against is not None:
+        text += f"; {status.against} {shown(found.get((status.against, column)))}"
+    return text
 
 
 def marker(kind: str, name: str) -> str:

@@ -26,6 +26,19 @@ def test_each_method_page_is_at_most_12_kb_and_links_its_lab_notebook(name):
     assert (ROOT / "docs" / "log" / f"{name}.md").is_file()
 
 
+@pytest.mark.parametrize("method", ["fedavg_with_server", "fedrgd"])
+def test_the_ssfl_benchmarks_readme_rows_show_the_server_alone_beside_ours(method):
+    """Where the paper's federated model ends above the server's own, the row says where
+    ours ends against it."""
+    (row,) = [
+        line
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith(f"| `{method}`")
+    ]
+    server = tables.cells(tables.BLOCKS["ssfl-fig2"])[("Server-SL", "Non-IID")]
+    assert row.endswith(f"; Server-SL {tables.shown(server)} |")
+
+
 def copy(monkeypatch, tmp_path):
     """The summaries and the pages with blocks, copied into tmp_path and used from there."""
     shutil.copytree(tables.RESULTS, tmp_path / "results" / "tables")
