@@ -139,3 +139,24 @@ def test_the_default_experiment_is_the_same_everywhere():
     script = (ROOT / "scripts" / "run-default.sh").read_text()
     default = re.search(r'^experiment = "([^"]+)"', pyproject, re.M).group(1)
     assert f"ssfl run {default}" in script and (ROOT / default).is_file()
+
+
+def test_the_references_experiments_table_names_every_folder_and_file():
+    """Each experiments/ folder has a row naming each of its files (by stem), or a row
+    saying its files are another folder's (``the rows of``/``the same cells``)."""
+    text = (ROOT / "docs" / "reference.md").read_text()
+    table = text[text.index("## Experiments") :].split("\n\n", 2)[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        first, what = line.split("|")[1:3]
+        for folder in re.findall(r"`(?:experiments/)?([\w.-]+)/?`", first):
+            rows[folder] = what
+    for path in sorted((ROOT / "experiments").iterdir()):
+        assert path.name in rows, f"{path.name} has no row in reference.md's experiments table"
+        if (
+            path.is_dir()
+            and "the rows of" not in rows[path.name]
+            and "cells" not in rows[path.name]
+        ):
+            missing = [f.stem for f in path.glob("*.yaml") if f"`{f.stem}`" not in rows[path.name]]
+            assert not missing, f"{path.name}: {missing} not named in its row"
