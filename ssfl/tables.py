@@ -81,7 +81,7 @@ BLOCKS: dict[str, Block] = {
     "fedossl-table2": Block(
         page="docs/fedossl.md",
         table="fedossl-table2",
-        summaries=("fedossl-table2", "fedossl-table2-s0"),
+        summaries=("fedossl-table2", "fedossl-table2-rows"),
         columns=("Table 2",),
         metric="final_best_acc_all",
         baseline="Fed-AO",
