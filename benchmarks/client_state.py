@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from flwr.app import RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+from benchmarks.partial_sums import best_of
 from client_app.base import MOMENTUM_KEY, host_record
 from client_app.state import read_state, save_state
 from tasks.checkpoint import write_atomic
@@ -46,16 +45,6 @@ def momentum_state(model: str) -> RecordDict:
         str(i): torch.randn(p.shape, generator=generator) for i, p in enumerate(net.parameters())
     }
     return RecordDict({MOMENTUM_KEY: host_record(buffers)})
-
-
-def best_of(repeat: int, fn: Callable[[], object]) -> float:
-    """The shortest of ``repeat`` timed calls (seconds)."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def measure(model: str, repeat: int, folder: Path) -> dict:
