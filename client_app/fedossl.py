@@ -23,6 +23,7 @@ out-of-distribution samples; with algo.mix_weight, SemiFL's mixup term on them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from flwr.app import ArrayRecord
 from client_app.base import ClientHalf
 from tasks.models import TRAINABLE, freeze_before_last_block
 from tasks.openworld import (
+    agreement_metrics,
     aligned_self_training,
     balanced_kmeans,
     beta_draw,
@@ -50,6 +52,7 @@ from tasks.openworld import (
     pairwise_loss,
     predict,
     role_agreement,
+    role_codes,
     suppressed_loss,
 )
 from tasks.partition import SEEN, class_roles
@@ -300,13 +303,13 @@ class RoundStart:
     centroids m, and which classes are seen (one flag per class)."""
 
     counts: torch.Tensor
-    margin: float
+    margin: torch.Tensor
     gap: float
     pseudo: torch.Tensor | None
     hard: torch.Tensor | None
     centroids: torch.Tensor | None
     seen: torch.Tensor
-    agreement: dict[str, float]
+    agreement: torch.Tensor | None
 
 
 class FedoSSLClient(ClientHalf):
@@ -346,7 +349,9 @@ class FedoSSLClient(ClientHalf):
         seen = self.seen_flags()
         z, logits = predict(self.model, self.data.x, a.logit_scale, 1024)
         probs = F.softmax(logits, dim=1)
-        counts = torch.bincount(probs.argmax(1), minlength=probs.shape[1])
+        predicted = probs.argmax(1)
+        counts = torch.zeros(probs.shape[1], dtype=torch.long, device=probs.device)
+        counts.scatter_add_(0, predicted, torch.ones_like(predicted))
         pseudo = None
         if a.objective == "semifl" and self.round < a.pseudo_from_round:
             pseudo = torch.full((len(probs),), -1, dtype=torch.long, device=probs.device)
@@ -363,8 +368,8 @@ class FedoSSLClient(ClientHalf):
         centroids = self.global_centroids()
         return RoundStart(
             counts=counts,
-            margin=min(mean_uncertainty(probs), a.max_margin),
-            gap=learning_gap(probs, seen),
+            margin=mean_uncertainty(probs).clamp(max=a.max_margin),
+            gap=learning_gap(probs, seen) if a.objective == "nach" else 0.0,
             pseudo=pseudo,
             hard=None if pseudo is None else hard_pseudo_labels(probs, pseudo),
             centroids=centroids,
@@ -374,14 +379,14 @@ class FedoSSLClient(ClientHalf):
 
     def agreement(
         self, z: torch.Tensor, logits: torch.Tensor, centroids: torch.Tensor | None
-    ) -> dict[str, float]:
+    ) -> torch.Tensor | None:
         """The calibration's diagnostic on the unlabeled samples (:func:`role_agreement`;
-        empty before global centroids exist or when the hidden labels are unknown)."""
+        None before global centroids exist or when the hidden labels are unknown)."""
         if centroids is None or self.data.true_y is None:
-            return {}
+            return None
         q = centroid_assignment(z, centroids, self.algo.centroid_temperature)
         roles = class_roles(self.settings.split.class_roles, self.data.num_classes)
-        return role_agreement(q, logits, self.data.true_y, roles)
+        return role_agreement(q, logits, role_codes(self.data.true_y, roles))
 
     def batch_sizes(self) -> tuple[int, int]:
         """(labeled, unlabeled) per step: client.batch_size shared by the counts (ORCA)."""
@@ -527,9 +532,21 @@ class FedoSSLClient(ClientHalf):
             opt.step()
             totals += torch.stack([t.detach().float() for t in terms])
             steps += 1
-        mean = (totals / max(steps, 1)).tolist()
-        metrics = {**dict(zip(names, mean)), "margin": start.margin, "local_steps": steps}
-        return {**metrics, **start.agreement}
+        losses, agreement = self.round_metrics(names, totals / max(steps, 1), start)
+        return losses | {"local_steps": steps} | agreement
+
+    @staticmethod
+    def round_metrics(
+        names: Sequence[str], means: torch.Tensor, start: RoundStart
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """The loss terms' means with the margin, and the agreement table's metrics, read in
+        one host copy."""
+        parts = [means.float(), start.margin.reshape(1).float().to(means.device)]
+        if start.agreement is not None:
+            parts.append(start.agreement.flatten().to(means.device))
+        values = torch.cat(parts).tolist()
+        losses = dict(zip(names, values)) | {"margin": values[len(names)]}
+        return losses, agreement_metrics(values[len(names) + 1 :])
 
     def local_centroids(self) -> dict[str, torch.Tensor]:
         """Fig. 1 step 1: L centroids of algo.centroid_samples random local features

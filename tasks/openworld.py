@@ -154,16 +154,20 @@ def claim_seen_rows(centroids: Tensor, seen_means: Tensor, seen: Sequence[int]) 
 
 
 # ----- Losses --------------------------------------------------------------------------
-def mean_uncertainty(probs: Tensor) -> float:
-    """ORCA's u_bar = 1 - mean max-softmax over unlabeled predictions."""
-    return float(1.0 - probs.max(dim=1).values.mean())
+def mean_uncertainty(probs: Tensor) -> Tensor:
+    """ORCA's u_bar = 1 - mean max-softmax over unlabeled predictions (a 0-dim tensor: no
+    host sync)."""
+    return 1.0 - probs.max(dim=1).values.mean()
 
 
-def margin_cross_entropy(logits: Tensor, y: Tensor, margin: float, scale: float) -> Tensor:
+def margin_cross_entropy(logits: Tensor, y: Tensor, margin: Tensor | float, scale: float) -> Tensor:
     """Eq. 2 with ORCA's uncertainty-adaptive margin: CE after adding scale * margin to the
-    target logit (official code fedossl_cifar.py: margin = min(u_bar, 0.5), scale 10)."""
-    shift = F.one_hot(y, logits.shape[1]).to(logits.dtype) * (scale * margin)
-    return F.cross_entropy(logits + shift, y)
+    target logit (official code fedossl_cifar.py: margin = min(u_bar, 0.5), scale 10). The
+    product is formed in float64 and rounded once to the logits' dtype, whether ``margin``
+    is a Python float or a device tensor."""
+    shift = torch.as_tensor(margin, dtype=torch.float64, device=logits.device) * scale
+    one_hot = F.one_hot(y, logits.shape[1]).to(logits.dtype)
+    return F.cross_entropy(logits + one_hot * shift.to(logits.dtype), y)
 
 
 def pair_indices(features: Tensor, labels: Tensor, num_labeled: int, generator=None) -> Tensor:
@@ -216,12 +220,12 @@ def centroid_assignment(z: Tensor, centroids: Tensor, temperature: float) -> Ten
 
 def calibration_ce(logits: Tensor, q: Tensor, threshold: float) -> Tensor:
     """L_ce of eq. 8: CE between the centroid assignment's argmax and the classifier on the
-    unlabeled samples whose max q exceeds ``threshold`` (code: 0.95); 0 when none does."""
+    unlabeled samples whose max q exceeds ``threshold`` (code: 0.95); 0 when none does. A
+    masked mean over the batch, so the kept count never goes to the host."""
     conf, target = q.detach().max(dim=1)
-    keep = conf > threshold
-    if not keep.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[keep], target[keep])
+    keep = (conf > threshold).to(logits.dtype)
+    ce = F.cross_entropy(logits, target, reduction="none")
+    return (ce * keep).sum() / keep.sum().clamp_min(1.0)
 
 
 def cluster_loss(q: Tensor, q_other_view: Tensor, pair: Tensor) -> Tensor:
@@ -230,19 +234,32 @@ def cluster_loss(q: Tensor, q_other_view: Tensor, pair: Tensor) -> Tensor:
     return -(q * torch.log(q_other_view[pair].clamp_min(EPS))).sum(dim=1).mean()
 
 
-def role_agreement(q: Tensor, logits: Tensor, true_y: Tensor, roles: str) -> dict[str, float]:
+ROLE_NAMES = ("seen", "lu", "gu")
+
+
+def role_codes(true_y: Tensor, roles: str) -> Tensor:
+    """Each sample's class role as 0 (seen), 1 (locally unseen) or 2 (globally unseen), from
+    ``roles``: one letter S, L or G per class."""
+    table = torch.tensor(["SLG".index(r) for r in roles], device=true_y.device)
+    return table[true_y]
+
+
+def role_agreement(q: Tensor, logits: Tensor, codes: Tensor) -> Tensor:
     """How often argmax q (L_ce's target, eq. 8) equals the classifier's argmax, per class
-    role of the samples' hidden labels: q_agree_seen, q_agree_lu, q_agree_gu (``roles``: one
-    letter S, L or G per class; a role no sample has is left out)."""
-    same = q.argmax(1) == logits.argmax(1)
-    letters = ("S", "L", "G")
-    codes = torch.tensor([letters.index(r) for r in roles], device=true_y.device)[true_y]
-    out = {}
-    for code, name in enumerate(("seen", "lu", "gu")):
-        mine = codes.to(same.device) == code
-        if mine.any():
-            out[f"q_agree_{name}"] = same[mine].float().mean().item()
-    return out
+    role of the samples' hidden labels (``codes``: :func:`role_codes`). Returns a (2, 3)
+    tensor, no host sync: the share of agreeing samples and the sample count for seen, LU
+    and GU; :func:`agreement_metrics` reads it."""
+    same = (q.argmax(1) == logits.argmax(1)).float()
+    member = (codes.to(same.device)[:, None] == torch.arange(3, device=same.device)).float()
+    counts = member.sum(dim=0)
+    return torch.stack([same @ member / counts.clamp_min(1.0), counts])
+
+
+def agreement_metrics(values: Sequence[float]) -> dict[str, float]:
+    """:func:`role_agreement`'s table read back (shares, then counts) as q_agree_seen,
+    q_agree_lu and q_agree_gu; a role no sample has is left out."""
+    shares, counts = values[:3], values[3:]
+    return {f"q_agree_{n}": s for n, s, c in zip(ROLE_NAMES, shares, counts) if c > 0}
 
 
 def calibration_loss(

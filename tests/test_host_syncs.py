@@ -132,12 +132,16 @@ def test_the_confidence_selecting_clients_sync_at_most_once_a_step(tmp_path):
     """The GPU-speed target with the batched engine: FedSEAL's D+/D- sizes are read once an
     epoch and its metrics once a round (host copies, counted apart); FedMatch's one sync a
     step is its confident samples' nonzero (by design: the forward on them alone sets
-    BatchNorm's statistics); its payloads' indices are found on the host copies."""
+    BatchNorm's statistics); its payloads' indices are found on the host copies. FedoSSL's
+    L_ce is a masked mean and its round-start statistics (n^c, the margin, the agreement
+    table) stay on the device until the round's one metrics copy."""
     path = tmp_path / "syncs.json"
-    code, _, _ = run("--methods", "fedseal,fedmatch", "--engine", "batched", "--json", str(path))
+    methods_arg = "fedseal,fedmatch,fedossl"
+    code, _, _ = run("--methods", methods_arg, "--engine", "batched", "--json", str(path))
     methods = json.loads(path.read_text())["methods"]
     assert code == 0
     assert methods["fedseal"]["syncs_per_step"] == 0
+    assert methods["fedossl"]["syncs_per_step"] == 0, methods["fedossl"]["sites"]
     assert methods["fedmatch"]["syncs_per_step"] <= 1
     assert methods["fedmatch"]["ops"] == {"aten.nonzero": methods["fedmatch"]["steps"]}
 

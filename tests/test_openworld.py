@@ -14,9 +14,11 @@ from tasks.config import ConfigError
 from tasks.data import dataset_info, make_synthetic
 from tasks.models import head_of, model_for
 from tasks.openworld import (
+    agreement_metrics,
     aligned_self_training,
     balanced_kmeans,
     beta_draw,
+    calibration_ce,
     calibration_loss,
     claim_seen_rows,
     cluster_global_centroids,
@@ -36,6 +38,7 @@ from tasks.openworld import (
     pairwise_loss,
     predict,
     role_agreement,
+    role_codes,
     sinkhorn,
     spherical_kmeans,
     suppressed_loss,
@@ -285,6 +288,31 @@ def test_calibration_loss_is_ce_on_confident_assignments_plus_cluster_cross_entr
     assert no_ce.item() == pytest.approx(l_cluster.item(), rel=1e-6)
 
 
+def test_calibration_ce_is_a_masked_mean_without_host_syncs_and_zero_when_none_is_kept():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 10, generator=g, requires_grad=True)
+    q = torch.softmax(5 * torch.randn(64, 10, generator=g), dim=1)
+    with SyncCounter() as counter:
+        l_ce = calibration_ce(logits, q, 0.95)
+    assert counter.total == 0, counter.counts
+    conf, target = q.max(dim=1)
+    keep = conf > 0.95
+    assert 0 < int(keep.sum()) < 64
+    expected = torch.nn.functional.cross_entropy(logits[keep], target[keep])
+    assert l_ce.item() == pytest.approx(expected.item(), rel=1e-6)
+    none = calibration_ce(logits, q, 1.0)
+    none.backward()
+    assert none.item() == 0.0 and torch.count_nonzero(logits.grad) == 0
+
+
+def test_margin_as_a_device_tensor_gives_the_float_margins_loss_to_the_bit():
+    g = torch.Generator().manual_seed(5)
+    logits, y = torch.randn(32, 10, generator=g), torch.randint(0, 10, (32,), generator=g)
+    u = 1.0 - torch.rand(32, generator=g).mean()
+    by_float = margin_cross_entropy(logits, y, min(float(u), 0.5), 10.0)
+    assert torch.equal(margin_cross_entropy(logits, y, u.clamp(max=0.5), 10.0), by_float)
+
+
 def test_calibration_ce_reads_the_unlabeled_rows_and_cluster_every_row():
     # Row 0 labeled, rows 1-2 unlabeled: L_ce sees rows 1-2 only; L_cluster all three.
     q = torch.tensor([[0.99, 0.01], [0.2, 0.8], [0.97, 0.03]])
@@ -306,8 +334,27 @@ def test_role_agreement_counts_matching_argmaxes_per_class_role():
     logits = torch.tensor(
         [[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 2.0, 0, 0], [0, 0, 0, 2.0], [0, 0, 0, 2.0]]
     )
-    out = role_agreement(q, logits, true_y, roles)
-    assert out == pytest.approx({"q_agree_seen": 2 / 3, "q_agree_lu": 0.5})
+    codes = role_codes(true_y, roles)
+    assert codes.tolist() == [0, 0, 0, 1, 1]
+    with SyncCounter() as counter:
+        table = role_agreement(q, logits, codes)
+    assert counter.total == 0, counter.counts
+    assert table.flatten().tolist() == pytest.approx([2 / 3, 0.5, 0.0, 3.0, 2.0, 0.0])
+    out = agreement_metrics(table.flatten().tolist())
+    assert out == pytest.approx({"q_agree_seen": 2 / 3, "q_agree_lu": 0.5})  # no GU: left out
+
+
+def test_role_agreement_shares_equal_the_boolean_indexed_means_to_the_bit():
+    """The sync-free shares (sums over one-hot role members / counts) are float32 means of
+    0/1 values, as the boolean-indexed ``same[mine].float().mean()`` they replace."""
+    g = torch.Generator().manual_seed(3)
+    q, logits = torch.rand(997, 10, generator=g), torch.rand(997, 10, generator=g)
+    true_y = torch.randint(0, 10, (997,), generator=g)
+    codes = role_codes(true_y, "SSSSSSLLGG")
+    shares = role_agreement(q, logits, codes)[0]
+    same = q.argmax(1) == logits.argmax(1)
+    for code in range(3):
+        assert shares[code].item() == same[codes == code].float().mean().item()
 
 
 # ----- NACH (Fed-AN / Fed-RN) and SemiFL* ------------------------------------------------
