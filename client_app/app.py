@@ -7,7 +7,9 @@ and attack role, and replies for all of them; a client that raises is a failure 
 client only. A client's state is persisted per partition as a client's own and read back
 from its file when the client is next sampled, so that the worker's context.state, which
 travels with every message to the worker (Ray, both ways), does not carry the states of all
-its clients; without a state folder it stays in context.state under the client's prefix.
+its clients; without a state folder it stays in context.state under the client's prefix. A
+worker writes its clients' state files while it trains the next client and waits for them
+before it replies; a client whose file cannot be written fails.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
-from client_app.state import restore_state, save_state, state_folder
+from client_app.state import STORE, restore_state, save_state, state_folder
 from ssfl import cohort
 from ssfl.records import record_arrays
 from ssfl.registry import method, settings_of
@@ -53,9 +55,15 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def train_client(
-    content: RecordDict, context: Context, state: RecordDict, pid: int, data_path: str = ""
+    content: RecordDict,
+    context: Context,
+    state: RecordDict,
+    pid: int,
+    data_path: str = "",
+    background: bool = False,
 ) -> RecordDict:
-    """One client's round: its state restored when empty, its half's reply, its state kept."""
+    """One client's round: its state restored when empty, its half's reply, its state kept
+    (``background``: its file written on the writer thread, see ``STORE.flush``)."""
     name = settings_of(parse_config(str(content["config"]["ssfl-config"]))).method
     client_class = method(name).client_half()
     if client_class is None:
@@ -66,7 +74,7 @@ def train_client(
         restore_state(state, folder, server_round)
     reply = client_class(content, state, pid, data_path).reply()
     if folder is not None:
-        save_state(state, folder, server_round)
+        save_state(state, folder, server_round, background)
     return reply
 
 
@@ -75,14 +83,21 @@ def train_cohort(content: RecordDict, context: Context) -> RecordDict:
     contents, _ = cohort.unpack(content)
     replies: dict[int, RecordDict] = {}
     errors: dict[int, str] = {}
+    folders = {}
     for pid, client_content in contents.items():
         state = client_state(context.state, pid)
         try:
-            replies[pid] = train_client(client_content, context, state, pid)
+            replies[pid] = train_client(client_content, context, state, pid, background=True)
         except Exception:  # the client fails, its cohort goes on (the server counts it)
             errors[pid] = traceback.format_exc()
-        persisted = state_folder(context.node_config, context.run_config, pid) is not None
-        keep_client_state(context.state, pid, RecordDict() if persisted else state)
+        folders[pid] = state_folder(context.node_config, context.run_config, pid)
+        keep_client_state(context.state, pid, RecordDict() if folders[pid] else state)
+    failed = STORE.flush()
+    for pid, folder in folders.items():
+        if folder in failed and pid in replies:  # its state is not on disk: it fails
+            del replies[pid]
+            err = failed[folder]
+            errors[pid] = f"client state of partition {pid} not written: {err!r}"
     request = cohort.sum_request(content)
     returned = summed(request, contents, replies) if request else None
     out = cohort.pack(replies, errors)

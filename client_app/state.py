@@ -16,6 +16,13 @@ most one round ahead of the server's checkpoint).
 The folder: the node-config's ``state-path`` (a deployed node's own disk), else the run
 config's ``client-state-dir`` (a simulation: ``OUT/client-state``); neither: nothing is
 persisted.
+
+Each process also keeps the states it wrote last (:data:`STORE`, at most ``KEPT_BYTES``):
+a state is restored from memory when the newest file is the one this process wrote (its
+header's random token says so; a file written by another process, or a newer one, is read),
+so a client sampled again by the same worker skips decoding its file. A cohort worker writes
+its clients' files in the background while it trains the next client, and waits for them
+before it replies (``STORE.flush``): a reply still means its states are on disk.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ from __future__ import annotations
 import json
 import re
 import struct
+import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +46,7 @@ from google.protobuf.message import DecodeError
 from tasks.checkpoint import write_atomic
 
 KEPT_ROUNDS = 2
+KEPT_BYTES = 1 << 30  # the states a process keeps in memory after writing them
 ROUND_FILE = re.compile(r"^round-(\d+)\.bin$")
 MAGIC = b"ssfl-state 1\n"
 HEADER_SIZE = struct.Struct("<Q")
@@ -60,12 +72,89 @@ def saved_rounds(folder: Path) -> dict[int, Path]:
     return {int(m.group(1)): folder / m.group(0) for m in found if m}
 
 
+@dataclass(frozen=True)
+class Written:
+    """A state as this process wrote it: its round, its file's token, its records, its bytes."""
+
+    round: int
+    token: str
+    state: RecordDict
+    size: int
+
+
+class StateStore:
+    """The states this process wrote last, one per folder (least recently used dropped past
+    ``budget`` bytes), and its background writes of state files."""
+
+    def __init__(self, budget: int = KEPT_BYTES) -> None:
+        self.budget = budget
+        self.kept: OrderedDict[Path, Written] = OrderedDict()
+        self.pending: dict[Path, Future] = {}
+        self.writer: ThreadPoolExecutor | None = None
+
+    def keep(self, folder: Path, written: Written) -> None:
+        """Remember ``written`` as ``folder``'s last state (not when over the budget)."""
+        self.kept.pop(folder, None)
+        if written.size > self.budget:
+            return
+        self.kept[folder] = written
+        while sum(w.size for w in self.kept.values()) > self.budget:
+            self.kept.popitem(last=False)
+
+    def lookup(self, folder: Path, rnd: int, token: str | None) -> RecordDict | None:
+        """``folder``'s kept state when it is the one of round ``rnd`` with file token
+        ``token`` (a copy of its records' mapping), else None."""
+        written = self.kept.get(folder)
+        if written is None or token is None or (written.round, written.token) != (rnd, token):
+            return None
+        self.kept.move_to_end(folder)
+        return copy_records(written.state)
+
+    def submit(self, folder: Path, job: Any) -> None:
+        """Run ``job`` (a file write for ``folder``) on this process's writer thread."""
+        self.wait(folder)
+        if self.writer is None:
+            self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssfl-state")
+        self.pending[folder] = self.writer.submit(job)
+
+    def wait(self, folder: Path) -> None:
+        """Wait for ``folder``'s write in progress, if any; raise its error."""
+        future = self.pending.pop(folder, None)
+        if future is not None:
+            future.result()
+
+    def flush(self) -> dict[Path, BaseException]:
+        """Wait for every write in progress; the folders whose write failed, with why."""
+        failed: dict[Path, BaseException] = {}
+        for folder in list(self.pending):
+            try:
+                self.wait(folder)
+            except Exception as err:  # the caller fails that folder's client
+                failed[folder] = err
+                self.kept.pop(folder, None)
+        return failed
+
+
+STORE = StateStore()
+
+
+def copy_records(state: RecordDict) -> RecordDict:
+    """A new RecordDict of new ArrayRecords over the same (immutable) array bytes, so that a
+    client's changes to its state never reach the kept one."""
+    out = RecordDict()
+    for key, record in state.items():
+        out[key] = ArrayRecord(dict(record.items())) if isinstance(record, ArrayRecord) else record
+    return out
+
+
 def restore_state(state: RecordDict, folder: Path, server_round: int) -> int | None:
-    """Fill an empty ``state`` from the newest file of a round before ``server_round`` and
-    drop the files of that round and later (an unfinished round's); returns the round
-    loaded (None: the state was not empty, or no such file)."""
+    """Fill an empty ``state`` from the newest file of a round before ``server_round`` (from
+    memory when this process wrote that file) and drop the files of that round and later (an
+    unfinished round's); returns the round loaded (None: the state was not empty, or no
+    such file)."""
     if len(state) > 0:
         return None
+    STORE.wait(folder)
     saved = saved_rounds(folder)
     for rnd, path in saved.items():
         if rnd >= server_round:
@@ -73,25 +162,61 @@ def restore_state(state: RecordDict, folder: Path, server_round: int) -> int | N
     earlier = [r for r in saved if r < server_round]
     if not earlier:
         return None
-    for key, record in read_state(folder / f"round-{max(earlier)}.bin").items():
+    path = folder / f"round-{max(earlier)}.bin"
+    records = STORE.lookup(folder, max(earlier), read_token(path))
+    for key, record in (records if records is not None else read_state(path)).items():
         state[key] = record
     return max(earlier)
 
 
-def save_state(state: RecordDict, folder: Path, server_round: int) -> None:
-    """Write a non-empty ``state`` as the round's file; keep the newest KEPT_ROUNDS files."""
+def save_state(
+    state: RecordDict, folder: Path, server_round: int, background: bool = False
+) -> None:
+    """Write a non-empty ``state`` as the round's file and keep the newest KEPT_ROUNDS files
+    (``background``: on the writer thread; ``STORE.flush`` waits for it); the process keeps
+    the state in memory for the client's next round."""
     if len(state) == 0:
         return
-    write_atomic(folder / f"round-{server_round}.bin", encode_state(state))
+    token = uuid.uuid4().hex
+    chunks = encode_state(state, token)
+    size = sum(len(c) for c in chunks)
+    STORE.keep(folder, Written(server_round, token, copy_records(state), size))
+    if background:
+        STORE.submit(folder, lambda: write_state_file(chunks, folder, server_round))
+    else:
+        STORE.wait(folder)
+        write_state_file(chunks, folder, server_round)
+
+
+def write_state_file(chunks: list[bytes], folder: Path, server_round: int) -> None:
+    """The round's state file from :func:`encode_state`'s chunks; the older ones past
+    KEPT_ROUNDS deleted."""
+    write_atomic(folder / f"round-{server_round}.bin", chunks)
     rounds = sorted(saved_rounds(folder))
     for old in rounds[:-KEPT_ROUNDS]:
         (folder / f"round-{old}.bin").unlink(missing_ok=True)
 
 
-def encode_state(state: RecordDict) -> list[bytes]:
+def read_token(path: Path) -> str | None:
+    """The token in the header of the state file at ``path`` (None: none there, as in
+    earlier versions' files, or the file is not readable as a state file)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(MAGIC) + HEADER_SIZE.size)
+            if not head.startswith(MAGIC) or len(head) < len(MAGIC) + HEADER_SIZE.size:
+                return None
+            (size,) = HEADER_SIZE.unpack_from(head, len(MAGIC))
+            token = json.loads(fh.read(size)).get("token")
+    except (OSError, ValueError, struct.error):
+        return None
+    return token if isinstance(token, str) else None
+
+
+def encode_state(state: RecordDict, token: str = "") -> list[bytes]:
     """``state`` as the chunks of a state file: MAGIC, the header's length (8 bytes, little
-    endian), a JSON header, then each ArrayRecord's arrays' bytes as Flower holds them, in
-    the header's order, and last the other records as one protobuf RecordDict."""
+    endian), a JSON header (with ``token``, which names this write), then each ArrayRecord's
+    arrays' bytes as Flower holds them, in the header's order, and last the other records as
+    one protobuf RecordDict."""
     records, chunks = [], []
     others = RecordDict()
     for key, record in state.items():
@@ -104,7 +229,7 @@ def encode_state(state: RecordDict) -> list[bytes]:
         else:
             others[key] = record
     rest = recorddict_to_proto(others).SerializeToString() if len(others) else b""
-    header = json.dumps({"records": records, "others": len(rest)}).encode()
+    header = json.dumps({"records": records, "others": len(rest), "token": token}).encode()
     return [MAGIC, HEADER_SIZE.pack(len(header)), header, *chunks, rest]
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+import client_app.state as state_module
 from client_app import app as client_app
 from ssfl import cohort
 from ssfl.experiment import resolve_config
@@ -228,10 +229,10 @@ def test_a_failing_client_fails_alone_and_its_cohort_goes_on(monkeypatch):
     raw = cohort_raw(tiny_raw("fedavg_fixmatch"))
     real = client_app.train_client
 
-    def flaky(content, context, state, pid, data_path=""):
+    def flaky(content, context, state, pid, data_path="", background=False):
         if pid == 2:
             raise RuntimeError("injected failure of client 2")
-        return real(content, context, state, pid, data_path)
+        return real(content, context, state, pid, data_path, background)
 
     monkeypatch.setattr(client_app, "train_client", flaky)
     rows, _ = run_method(raw, InProcessGrid(2))
@@ -271,6 +272,38 @@ def test_with_a_state_folder_a_workers_context_carries_no_clients_state(tmp_path
     assert [len(c.state) for c in grid.contexts.values()] == [0, 0]
     kept = sorted(p.parent.name for p in (tmp_path / "client-state").glob("partition-*/round-*"))
     assert set(kept) == {"partition-0", "partition-1", "partition-2"}
+
+
+def test_kept_states_come_from_memory_and_a_client_whose_state_file_fails_fails_alone(
+    tmp_path, monkeypatch
+):
+    """A worker restores its clients' states from memory (no file decoded after round 1 of
+    each client, the per-client run's rows), and a client whose state file cannot be written
+    fails alone: its reply would claim a state that is not on disk."""
+    raw = deep_merge(cohort_raw(tiny_raw("fedseal")), {"client": {"keep_momentum": True}})
+    per_client = deep_merge(tiny_raw("fedseal"), {"client": {"keep_momentum": True}})
+    decoded = []
+    real_read = state_module.read_state
+    monkeypatch.setattr(state_module, "read_state", lambda p: decoded.append(p) or real_read(p))
+    grid = InProcessGrid(2, state_path=str(tmp_path / "kept"))
+    rows, _ = run_method(raw, grid)
+    assert without_seconds(rows) == rows_of(per_client, 3)
+    assert decoded == []
+
+    real_write = state_module.write_state_file
+
+    def disk_full(chunks, folder, server_round):
+        if folder.name == "partition-2":
+            raise OSError(28, "No space left on device")
+        real_write(chunks, folder, server_round)
+
+    monkeypatch.setattr(state_module, "write_state_file", disk_full)
+    rows, _ = run_method(raw, InProcessGrid(2, state_path=str(tmp_path / "full")))
+    sampled_two = [r for r in rows if 2 in r.get("failed_partitions", [])]
+    assert sampled_two, "client 2 was never sampled"
+    for row in sampled_two:
+        assert row["failures"] == 1 and row["clients"] == 1
+    assert not list((tmp_path / "full" / "partition-2").glob("round-*"))
 
 
 def test_a_local_deployment_refuses_cohort_execution_in_one_line(tmp_path):
