@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from xml.etree import ElementTree
 
 import pytest
 
-from ssfl import tables
+from ssfl import figures, tables
 from tests.conftest import ROOT
 
 METHOD_PAGES = ["fedseal", "fedmatch", "fedsup", "fedossl", "ssfl-benchmark"]
@@ -46,6 +47,7 @@ def copy(monkeypatch, tmp_path):
         target = tmp_path / page.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(page, target)
+    shutil.copytree(ROOT / tables.FIGURES, tmp_path / tables.FIGURES)
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     monkeypatch.setattr(tables, "RESULTS", tmp_path / "results" / "tables")
     return tmp_path / "results" / "tables" / "fedseal-table1" / "seeds.json"
@@ -65,6 +67,51 @@ def test_a_changed_summary_makes_the_pages_stale_until_regenerated(monkeypatch, 
     assert "| FedSEAL | 0.8000 ± 0.0000 (3 seeds) | 0.8428 |" in page
     assert "IID 0.8000 ± 0.0000 (3 seeds), paper 0.8428" in readme
     assert "+0.0010 (tie, <= 0.0294)" in page  # 0.8000 - 0.7990, inside twice Server-SL's std
+    figure = (tmp_path / "docs" / "img" / "fedseal-table1.svg").read_text()
+    assert figure != (ROOT / "docs" / "img" / "fedseal-table1.svg").read_text()
+
+
+def test_a_missing_or_edited_figure_is_stale_until_regenerated(monkeypatch, tmp_path, capsys):
+    copy(monkeypatch, tmp_path)
+    figure = tmp_path / "docs" / "img" / "fedossl-table2.svg"
+    figure.unlink()
+    assert tables.main(["--check"]) == 1
+    assert f"{figure} is stale" in capsys.readouterr().err
+    assert tables.main([]) == 0 and tables.main(["--check"]) == 0
+    figure.write_text(figure.read_text().replace("#1f5fa8", "#000000"))
+    assert tables.main(["--check"]) == 1
+
+
+@pytest.mark.parametrize("name", sorted(tables.BLOCKS))
+def test_each_tables_figure_marks_every_seed_mean_and_paper_number_of_its_cells(name):
+    """Per cell of ours: a hollow dot per seed, a filled dot (the mean) with its std bar;
+    a diamond per cell whose paper number exists; every mark inside the plot's width; the
+    page's block shows the figure."""
+    block = tables.BLOCKS[name]
+    svg = ElementTree.fromstring((ROOT / "docs" / "img" / f"{name}.svg").read_text())
+    ns = "{http://www.w3.org/2000/svg}"
+    found = tables.cells(block)
+    rows = {r.label: r for r in tables.TABLES[block.table].rows}
+    seeds = sum(len([v for v in c["values"] if v is not None]) for c in found.values())
+    papers = sum(rows[r].paper.get(c) is not None for r, c in found)
+    circles = svg.findall(f"{ns}circle")
+    hollow = [c for c in circles if c.get("fill") == "none"]
+    assert len(hollow) == seeds + 1  # and the legend's
+    assert len(circles) - len(hollow) == len(found) + 1
+    assert len(svg.findall(f"{ns}path")) == papers + 1
+    for circle in circles[2:]:  # the legend's two first
+        assert figures.LABEL_WIDTH <= float(circle.get("cx")) <= figures.WIDTH - figures.RIGHT
+    assert f"](img/{name}.svg)" in (ROOT / block.page).read_text()
+
+
+def test_the_axis_holds_every_value_bar_and_paper_number_at_round_ticks():
+    lines = [
+        figures.Line("a", (0.512, 0.6), 0.556, 0.06, 0.7626),
+        figures.Line("b", (), 0.8, 0, None),
+    ]
+    low, high, step = figures.axis_range(lines)
+    assert (low, high, step) == (pytest.approx(0.4), pytest.approx(0.8), 0.1)
+    assert figures.axis_range([figures.Line("c", (0.81,), 0.81, 0.0, 0.84)])[2] == 0.05
 
 
 def test_a_mean_that_disagrees_with_its_seeds_is_refused(monkeypatch, tmp_path, capsys):
