@@ -94,7 +94,7 @@ BLOCKS: dict[str, Block] = {
     "ssfl-fig2": Block(
         page="docs/ssfl-benchmark.md",
         table="ssfl-fig2",
-        summaries=("ssfl-fig2-long", "ssfl-fig2-long-s0"),
+        summaries=("ssfl-fig2-long", "ssfl-fig2-long-sl", "ssfl-fig2-long-s0"),
         columns=("Non-IID",),
     ),
 }
