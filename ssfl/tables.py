@@ -97,6 +97,12 @@ BLOCKS: dict[str, Block] = {
         summaries=("ssfl-fig2-long", "ssfl-fig2-long-sl", "ssfl-fig2-long-s0"),
         columns=("Non-IID",),
     ),
+    "ssfl-fig2-steady": Block(
+        page="docs/log/ssfl-benchmark.md",
+        table="ssfl-fig2",
+        summaries=("ssfl-fig2-steady",),
+        columns=("Non-IID",),
+    ),
 }
 
 WHY = "why-ours-differ"

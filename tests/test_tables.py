@@ -4,6 +4,7 @@ committed summaries under results/tables/ generate, and the method pages stay sh
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from xml.etree import ElementTree
 
@@ -101,7 +102,8 @@ def test_each_tables_figure_marks_every_seed_mean_and_paper_number_of_its_cells(
     assert len(svg.findall(f"{ns}path")) == papers + 1
     for circle in circles[2:]:  # the legend's two first
         assert figures.LABEL_WIDTH <= float(circle.get("cx")) <= figures.WIDTH - figures.RIGHT
-    assert f"](img/{name}.svg)" in (ROOT / block.page).read_text()
+    image = os.path.relpath(ROOT / "docs" / "img" / f"{name}.svg", (ROOT / block.page).parent)
+    assert f"]({image})" in (ROOT / block.page).read_text()
 
 
 def test_the_axis_holds_every_value_bar_and_paper_number_at_round_ticks():
