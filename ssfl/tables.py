@@ -78,7 +78,7 @@ BLOCKS: dict[str, Block] = {
     "fedsup-table6": Block(
         page="docs/fedsup.md",
         table="fedsup-table6",
-        summaries=("fedsup-room-crossed", "fedsup-room-baselines"),
+        summaries=("fedsup-room-crossed", "fedsup-room-n0", "fedsup-room-baselines"),
         columns=("IID",),
         metric="final_finetune_accuracy",
         baseline="Centralized",
