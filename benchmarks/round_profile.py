@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,7 +375,19 @@ def flower_run(experiment: str, rounds: int, sets: list[str]) -> dict[str, Any]:
         "wall_s": wall,
         "startup": startup_stages(launched, marks, ended),
         "startup_cpu": sampler.cpu_until(marks.get("nodes_found", ended), launched),
+        "steady_cpu": steady_cpu(sampler, marks, len(seconds)),
     }
+
+
+def steady_cpu(sampler: CpuSampler, marks: dict[str, float], rounds: int) -> dict[str, Any] | None:
+    """CPU by process kind over the steady rounds (the first round's end to the last's),
+    with its seconds per round; None for a run of one round."""
+    since, until = marks.get("first_round_ended"), marks.get("rounds_ended")
+    if rounds < 2 or since is None or until is None or until <= since:
+        return None
+    cpu = sampler.cpu_between(since, until)
+    per_round = {kind: sec / (rounds - 1) for kind, sec in cpu["by_kind"].items()}
+    return {**cpu, "per_round_by_kind": per_round}
 
 
 # What a process of the run is, by a piece of its command line (first match).
@@ -434,20 +446,40 @@ class CpuSampler:
             seen = {pid: process_cpu(pid) for pid in tree(self.root)}
             self.samples.append((time.time(), {p: v for p, v in seen.items() if v is not None}))
 
-    def cpu_until(self, until: float, since: float) -> dict[str, Any]:
-        """CPU seconds by process kind up to the last sample before ``until``, their sum, and
-        the cores they kept busy on average since ``since``."""
+    def last_before(self, until: float) -> dict[int, tuple[str, float]]:
+        """Each process's (kind, CPU seconds) at its last sample before ``until``."""
         last: dict[int, tuple[str, float]] = {}
         for at, seen in self.samples:
             if at > until:
                 break
             last.update(seen)
-        by_kind: dict[str, float] = {}
-        for kind, cpu in last.values():
-            by_kind[kind] = by_kind.get(kind, 0.0) + cpu
-        total = sum(by_kind.values())
-        ordered = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
-        return {"cpu_s": total, "cores_busy": total / max(until - since, 1e-9), "by_kind": ordered}
+        return last
+
+    def cpu_until(self, until: float, since: float) -> dict[str, Any]:
+        """CPU seconds by process kind up to the last sample before ``until``, their sum, and
+        the cores they kept busy on average since ``since``."""
+        return cpu_summary(self.last_before(until).values(), until - since)
+
+    def cpu_between(self, since: float, until: float) -> dict[str, Any]:
+        """As :meth:`cpu_until`, counting only the CPU used between the last samples before
+        ``since`` and before ``until`` (a process that started in between counts whole)."""
+        before = self.last_before(since)
+        used = [
+            (kind, cpu - before.get(pid, (kind, 0.0))[1])
+            for pid, (kind, cpu) in self.last_before(until).items()
+        ]
+        return cpu_summary(used, until - since)
+
+
+def cpu_summary(used: Iterable[tuple[str, float]], seconds: float) -> dict[str, Any]:
+    """(kind, CPU seconds) pairs summed by kind, largest first, with their total and the
+    cores they kept busy on average over ``seconds``."""
+    by_kind: dict[str, float] = {}
+    for kind, cpu in used:
+        by_kind[kind] = by_kind.get(kind, 0.0) + cpu
+    total = sum(by_kind.values())
+    ordered = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    return {"cpu_s": total, "cores_busy": total / max(seconds, 1e-9), "by_kind": ordered}
 
 
 # Lines of ``ssfl run``'s output that end a start-up stage.
@@ -518,6 +550,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['parallel_clients']} processes, server {bare['server']:.2f} s)",
         f"round_over_arithmetic: {report['round_over_arithmetic']:.2f}",
     ]
+    cpu = flower.get("steady_cpu")
+    if cpu:
+        kinds = ", ".join(f"{k} {v:.2f}" for k, v in cpu["per_round_by_kind"].items())
+        lines.append(f"steady rounds' CPU a round, s ({cpu['cores_busy']:.2f} cores busy): {kinds}")
     return "\n".join(lines)
 
 

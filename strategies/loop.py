@@ -28,6 +28,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.superlink.grid import InMemoryGrid
 
 from ssfl import cohort
 from ssfl.gpu import cohort_workers, gpu_count
@@ -51,7 +52,7 @@ from tasks.checkpoint import (
     write_rows,
 )
 from tasks.settings import Settings, mapping
-from tasks.train import DEVICE_RECORD, derive_seed, device_name
+from tasks.train import DEVICE_RECORD, derive_seed, device_name, torch_threads
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
 
@@ -604,10 +605,17 @@ class RoundLoop(Strategy):
                 self.configure_train(rnd, self.server.arrays(), self.train_config, grid)
             )
             round_metrics.update(codec.saved_bytes("s2c", stats.bytes_s2c, len(messages)))
-            # The server's step beside the clients (SSFL eq. 4-5) runs while they train.
-            replies, server_metrics = exchange(
-                grid, messages, timeout, lambda: trainer.before_aggregate(rnd)
+            # The server's step beside the clients (SSFL eq. 4-5) runs while they train,
+            # on the CPU threads they leave free.
+            threads = threads_beside_clients(
+                grid, len(messages), self.settings.simulation.num_cpus, self.server.device
             )
+
+            def beside() -> Metrics:
+                with torch_threads(threads):
+                    return trainer.before_aggregate(rnd)
+
+            replies, server_metrics = exchange(grid, messages, timeout, beside)
             self.sent_ids = self.message_partitions(messages)
             arrays, record = self.aggregate_train(rnd, replies)
             if arrays is not None:
@@ -647,6 +655,19 @@ class RoundLoop(Strategy):
     def message_partitions(self, messages: list[Message]) -> dict[str, list[int]]:
         """The partitions of each sent message by the id the grid gave it when sending."""
         return {m.metadata.message_id: self.message_pids.get(id(m), []) for m in messages}
+
+
+def threads_beside_clients(
+    grid: Grid, clients: int, cpus_each: int, device: torch.device
+) -> int | None:
+    """Torch threads for the server's work while a simulation's clients train on this
+    machine's CPU: the server's threads less the CPUs the round's clients reserve, at least
+    one (on 2 cores, a beside-clients step on 2 threads beside two training clients took a
+    quarter more of the round's CPU; docs/benchmarks.md). None (as they are) when the
+    clients are not on this CPU: a deployment's grid, or a server on a GPU."""
+    if not isinstance(grid, InMemoryGrid) or device.type != "cpu":
+        return None
+    return max(1, torch.get_num_threads() - clients * cpus_each)
 
 
 def stalled_message(rnd: int, limit: int, stats: RoundStats) -> str:

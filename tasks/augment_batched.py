@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks import syncs
+
 # The op indices, in the order of tasks.augment.randaugment_ops (saturation for RGB only).
 IDENTITY = 0
 AUTOCONTRAST = 1
@@ -149,15 +151,23 @@ def brightness(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     return (x.clamp(0.0, 1.0) * per_sample(factors, x)).clamp(0.0, 1.0)
 
 
+def smoothed(x: torch.Tensor) -> torch.Tensor:
+    """PIL's SMOOTH filter (1 around a 5, over 13) on the inner pixels, as nine shifted
+    sums: elementwise, so a sample's values do not depend on the batch it is in (a
+    convolution's algorithm, and so its rounding, changes with the batch size)."""
+    height, width = x.shape[-2:]
+    total = 4 * x[..., 1 : height - 1, 1 : width - 1]
+    for dy in range(3):
+        for dx in range(3):
+            total = total + x[..., dy : height - 2 + dy, dx : width - 2 + dx]
+    return total / 13
+
+
 def sharpness(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     """A blend with PIL's smoothed image, 0 = smoothed, 1 = the image (kornia
     ``RandomSharpness``; the border pixels stay)."""
     x = x.clamp(0.0, 1.0)
-    channels = x.shape[-3]
-    middle = torch.eye(3, device=x.device, dtype=x.dtype)[1]
-    kernel = (1 + 4 * middle.view(3, 1) * middle.view(1, 3)) / 13  # 1 around a 5, over 13
-    kernel = kernel.expand(channels, 1, 3, 3)
-    smooth = F.conv2d(x, kernel, groups=channels).clamp(0.0, 1.0)
+    smooth = smoothed(x).clamp(0.0, 1.0)
     inner = F.pad(torch.ones_like(smooth), [1, 1, 1, 1])
     blurred = torch.where(inner == 1, F.pad(smooth, [1, 1, 1, 1]), x)
     return (blurred + (x - blurred) * per_sample(factors, x)).clamp(0.0, 1.0)
@@ -388,20 +398,59 @@ def op_values(
 
 def apply_chosen(x: torch.Tensor, choice: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Sample i through op ``choice[i]`` with parameter ``value[i]``, clamped to [0, 1]
-    (as tasks.augment.apply_chosen): every photometric op on the whole batch, the
-    geometric ones as one warp, each sample keeping its own op's result."""
-    height, width = x.shape[-2:]
-    chosen = choice.view(-1, 1, 1, 1)
-    out = x
-    for op, apply in PHOTOMETRIC.items():
-        if op != SATURATION or x.shape[-3] == 3:
-            out = torch.where(chosen == op, apply(x, value), out)
-    source = identity_source(x.shape[0], x.device, value.dtype)
+    (as tasks.augment.apply_chosen). On an accelerator every op runs on the whole batch
+    and each sample keeps its own op's result (no host sync); on the CPU, where reading
+    the choices back costs nothing, each op runs on its own samples only: the same values,
+    bit for bit (tests/test_augment_batched.py), for about a seventh of the work."""
+    if x.device.type == "cpu" and not syncs.counting():
+        return apply_chosen_indexed(x, choice, value)
+    return apply_chosen_masked(x, choice, value)
+
+
+def geometric_sources(
+    choice: torch.Tensor, value: torch.Tensor, height: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source, geometric): each sample's 2x3 warp matrix (the identity for a photometric
+    op) and whether its op is geometric."""
+    source = identity_source(choice.shape[0], choice.device, value.dtype)
     geometric = torch.zeros_like(choice, dtype=torch.bool)
     for op, matrix in GEOMETRIC.items():
         source = torch.where((choice == op).view(-1, 1, 1), matrix(value, height, width), source)
         geometric = geometric | (choice == op)
+    return source, geometric
+
+
+def photometric_ops(x: torch.Tensor) -> dict:
+    """The photometric ops that apply to ``x`` (saturation for RGB only)."""
+    return {op: f for op, f in PHOTOMETRIC.items() if op != SATURATION or x.shape[-3] == 3}
+
+
+def apply_chosen_masked(x: torch.Tensor, choice: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_chosen` without host syncs: every op on the whole batch, selected by
+    ``torch.where``; the geometric ops as one warp."""
+    chosen = choice.view(-1, 1, 1, 1)
+    out = x
+    for op, apply in photometric_ops(x).items():
+        out = torch.where(chosen == op, apply(x, value), out)
+    source, geometric = geometric_sources(choice, value, *x.shape[-2:])
     out = torch.where(geometric.view(-1, 1, 1, 1), warp(x, source), out)
+    return out.clamp(0.0, 1.0)
+
+
+def apply_chosen_indexed(
+    x: torch.Tensor, choice: torch.Tensor, value: torch.Tensor
+) -> torch.Tensor:
+    """:func:`apply_chosen` with each op run on the samples that chose it (index reads:
+    host syncs on an accelerator, free on the CPU)."""
+    out = x.clone()
+    for op, apply in photometric_ops(x).items():
+        index = (choice == op).nonzero().view(-1)
+        if index.numel():
+            out[index] = apply(x[index], value[index])
+    source, geometric = geometric_sources(choice, value, *x.shape[-2:])
+    index = geometric.nonzero().view(-1)
+    if index.numel():
+        out[index] = warp(x[index], source[index])
     return out.clamp(0.0, 1.0)
 
 

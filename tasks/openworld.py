@@ -24,6 +24,7 @@ from scipy.special import betaincinv
 from torch import Tensor, nn
 
 from tasks.models import embedding, head_of
+from tasks.train import torch_threads
 
 EPS = 1e-7
 
@@ -120,9 +121,7 @@ def cluster_global_centroids(
     m = F.normalize(centroids.detach().clone(), dim=1).requires_grad_(True)
     z = F.normalize(local.detach(), dim=1)
     opt = torch.optim.SGD([m], lr=lr, momentum=0.9, weight_decay=weight_decay)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # (C x d) matrices: threads only add synchronisation
-    try:
+    with torch_threads(1):  # (C x d) matrices: threads only add synchronisation
         for _ in range(steps):
             scores = z @ m.T
             with torch.no_grad():
@@ -134,8 +133,6 @@ def cluster_global_centroids(
             opt.step()
             with torch.no_grad():
                 m.copy_(F.normalize(m, dim=1))
-    finally:
-        torch.set_num_threads(threads)
     return m.detach()
 
 

@@ -132,6 +132,17 @@ COPIES = {torch.Tensor.cpu: "Tensor.cpu", torch.Tensor.tolist: "Tensor.tolist"}
 DEVICE_CHECKED = frozenset({torch.nn.functional.one_hot})
 
 
+# How many SyncCounters are counting now (see :func:`counting`).
+ACTIVE = 0
+
+
+def counting() -> bool:
+    """Whether a :class:`SyncCounter` is counting: code with a CPU-only shortcut that
+    reads tensors back (free on the host) takes its accelerator path instead, so that
+    what is counted is what an accelerator would run."""
+    return ACTIVE > 0
+
+
 class SyncCounter(TorchDispatchMode):
     """Counts, by op, the ATen ops that force a device-to-host read on an accelerator.
 
@@ -183,11 +194,15 @@ class SyncCounter(TorchDispatchMode):
             sites[(name, site(frame))] += 1
 
     def __enter__(self) -> SyncCounter:
+        global ACTIVE
         self.calls.__enter__()
+        ACTIVE += 1
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        global ACTIVE
         super().__exit__(*exc)
+        ACTIVE -= 1
         self.calls.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -18,6 +18,7 @@ from tasks import augment
 from tasks import augment_batched as B
 from tasks.augment import OfficialRandAugment, RandAugment, WeakAugment, randaugment_ops
 from tasks.config import ConfigError
+from tasks.syncs import SyncCounter
 from tests.harness import InProcessGrid, run_method, tiny_raw
 
 # Photometric ops are the same formulas as kornia's, so they agree to float rounding.
@@ -374,11 +375,41 @@ class HostSyncs(TorchDispatchMode):
 
 @pytest.mark.parametrize("channels, size", [(1, 28), (3, 32)])
 def test_no_module_reads_back_to_the_host(channels, size):
+    """What an accelerator runs (the path taken while a SyncCounter counts) reads nothing
+    back, by this test's own list of reads and by the project's counter."""
     x = images(32, channels, size)
     for module in modules(channels, size):
-        with HostSyncs() as mode:
+        with SyncCounter() as counter, HostSyncs() as mode:
             module(x)
-        assert mode.syncs == [], type(module).__name__
+        assert mode.syncs == [] and counter.total == 0, type(module).__name__
+
+
+@pytest.mark.parametrize("channels, size", [(1, 28), (3, 32)])
+@pytest.mark.parametrize("batch", [1, 5, 37, 256])
+def test_the_cpus_indexed_ops_give_the_accelerators_masked_values_bit_for_bit(
+    channels, size, batch
+):
+    """On the CPU each op runs on its own samples only; the values are those of the
+    accelerator's path (every op on the whole batch), to the bit, whatever the batch."""
+    x = images(batch, channels, size)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        choice = torch.randint(B.num_ops(channels), (batch,))
+        u, magnitude = torch.rand(batch), torch.rand(batch)
+        value = B.op_values(choice, u, magnitude, size, size)
+        masked = B.apply_chosen_masked(x, choice, value)
+        assert torch.equal(B.apply_chosen_indexed(x, choice, value), masked)
+
+
+def test_the_cpu_takes_the_indexed_path_unless_syncs_are_counted(monkeypatch):
+    taken: list[str] = []
+    monkeypatch.setattr(B, "apply_chosen_indexed", lambda *a: taken.append("indexed") or a[0])
+    monkeypatch.setattr(B, "apply_chosen_masked", lambda *a: taken.append("masked") or a[0])
+    x = images(8)
+    B.BatchedRandAugment(2, 10.0, 1)(x)
+    with SyncCounter():
+        B.BatchedRandAugment(2, 10.0, 1)(x)
+    assert taken == ["indexed", "indexed", "masked", "masked"]
 
 
 def test_the_sync_counter_catches_the_kornia_engine():
@@ -448,3 +479,18 @@ def test_each_engine_names_its_own_module(name):
     assert kornia.__module__ == "tasks.augment"
     assert batched.__module__ == "tasks.augment_batched"
     assert batched.__name__ == "Batched" + kornia.__name__
+
+
+def test_the_speed_benchmark_times_both_paths_and_restores_the_cpus(monkeypatch):
+    from benchmarks import augment_speed
+
+    taken: list[str] = []
+    monkeypatch.setattr(B, "apply_chosen_masked", lambda *a: taken.append("masked") or a[0])
+    monkeypatch.setattr(B, "apply_chosen_indexed", lambda *a: taken.append("indexed") or a[0])
+    with augment_speed.masked_path():
+        B.BatchedRandAugment(1, 10.0, 1)(images(4))
+    B.BatchedRandAugment(1, 10.0, 1)(images(4))
+    assert taken == ["masked", "indexed"]
+    seconds = augment_speed.shape_seconds(1, 28, images=8, repeat=1)
+    assert set(seconds) == {"kornia", "batched", "batched_masked"}
+    assert all(s > 0 for s in seconds.values())

@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+import pytest
+import torch
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
+from flwr.superlink.grid import InMemoryGrid
 
+from strategies.loop import threads_beside_clients
 from strategies.messaging import REPLY_POLL_MAX_S, exchange
+from tasks.train import torch_threads
 
 
 class DelayedGrid(Grid):
@@ -107,3 +112,30 @@ def test_work_needing_no_reply_runs_while_the_clients_work_and_its_result_comes_
     waited = time.monotonic() - started
     assert len(replies) == 2 and done == {"server_loss": 1.5, "pulls_before": 0}
     assert 0.3 <= waited < 0.3 + 0.1  # not 0.55: the two waits overlapped
+
+
+def test_the_server_step_beside_simulated_cpu_clients_gets_the_threads_they_leave():
+    """In a simulation on the CPU the server's beside-clients step shares the cores with the
+    round's clients: it gets the server's threads less theirs, at least one."""
+    simulation = object.__new__(InMemoryGrid)  # the simulation's grid type; no state needed
+    cpu = torch.device("cpu")
+    with torch_threads(16):
+        assert threads_beside_clients(simulation, 4, 2, cpu) == 8
+        assert threads_beside_clients(simulation, 10, 1, cpu) == 6
+        assert threads_beside_clients(simulation, 16, 1, cpu) == 1
+        assert threads_beside_clients(simulation, 20, 1, cpu) == 1
+        # Clients elsewhere (a deployment's grid) or a server on a GPU: threads untouched.
+        assert threads_beside_clients(DelayedGrid([0.1]), 10, 1, cpu) is None
+        assert threads_beside_clients(simulation, 10, 1, torch.device("cuda")) is None
+
+
+def test_torch_threads_sets_the_count_for_the_block_and_restores_it():
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(1):
+        raise RuntimeError("the step failed")
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before

@@ -157,6 +157,24 @@ def test_start_up_cpu_sums_each_process_at_its_last_sample_before_the_mark(profi
     assert cpu["cpu_s"] == 2.75 and cpu["cores_busy"] == pytest.approx(2.75 / 2.0)
 
 
+def test_steady_cpu_counts_only_what_each_process_used_inside_the_steady_rounds(profile):
+    sampler = profile.CpuSampler(root=1)
+    sampler.samples = [
+        (10.0, {1: ("SuperLink", 2.0), 2: ("client actors", 5.0)}),
+        (12.0, {1: ("SuperLink", 2.5), 2: ("client actors", 6.0)}),
+        (14.0, {1: ("SuperLink", 2.75), 2: ("client actors", 8.0), 3: ("client actors", 0.5)}),
+        (16.0, {1: ("SuperLink", 9.0)}),  # after the last round: not counted
+    ]
+    marks = {"first_round_ended": 11.0, "rounds_ended": 15.0}
+    cpu = profile.steady_cpu(sampler, marks, rounds=3)
+    # From the samples at 10.0 to those at 14.0; process 3 started in between.
+    assert cpu["by_kind"] == {"client actors": 3.5, "SuperLink": 0.75}
+    assert cpu["cpu_s"] == 4.25 and cpu["cores_busy"] == pytest.approx(4.25 / 4.0)
+    assert cpu["per_round_by_kind"] == {"client actors": 1.75, "SuperLink": 0.375}
+    assert profile.steady_cpu(sampler, marks, rounds=1) is None
+    assert profile.steady_cpu(sampler, {"rounds_ended": 15.0}, rounds=3) is None
+
+
 def test_the_run_processes_are_told_apart_by_their_command_lines(profile):
     assert profile.process_kind("python -m ssfl.cli run e.yaml") == "ssfl CLI"
     assert profile.process_kind("/x/ray/_private/log_monitor.py --s") == "Ray log monitor"
