@@ -7,8 +7,10 @@ one forward and backward of both views, its pseudo-label bookkeeping; its steady
 building the client, its resident model and augmenters). ``bare_images_per_s``: the same
 model, batch (both views), precision and memory layout, on one fixed tensor,
 cross-entropy, SGD; on a GPU also that step captured once in a CUDA graph and replayed
-(``bare_graphed_images_per_s``: one launch a step, the loop's floor). All count images
-through the forward and backward (both views) per second, after a warm-up.
+(``bare_graphed_images_per_s``: one launch a step, the loop's floor) and the client with
+its model compiled (``train.compile: reduce-overhead``: ``client_compiled_images_per_s``,
+``compiled_ratio``). All count images through the forward and backward (both views) per
+second, after a warm-up.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ from tasks.train import autocast, make_sgd
 LR = 0.01
 
 
-def experiment(model: str, dataset: str, batch: int, amp: str, steps: int, device: str) -> Settings:
-    """One client holding exactly ``steps`` unlabeled batches of ``batch`` images."""
+def experiment(
+    model: str, dataset: str, batch: int, amp: str, steps: int, device: str, compile: str = "off"
+) -> Settings:
+    """One client holding exactly ``steps`` unlabeled batches of ``batch`` images; its model
+    compiled in ``compile`` mode (``train.compile``)."""
     images = batch * steps
     raw = {
         "method": "fedavg_fixmatch",
@@ -51,7 +56,7 @@ def experiment(model: str, dataset: str, batch: int, amp: str, steps: int, devic
             "client_size": images,
         },
         "model": {"name": model, "channels_last": amp == "bf16"},
-        "train": {"amp": amp},
+        "train": {"amp": amp, "compile": compile},
         "client": {"batch_size": batch, "lr": LR},
     }
     return settings_of(resolve_config(raw))
@@ -63,14 +68,15 @@ def synchronize(device: str) -> None:
 
 
 def client_rate(
-    model: str, dataset: str, batch: int, amp: str, steps: int, device: str
+    model: str, dataset: str, batch: int, amp: str, steps: int, device: str, compile: str = "off"
 ) -> tuple[float, float]:
     """Images/s (both views) of the FixMatch client's steady round and the seconds its
     set-up took, both of its second round (the first warms up the data cache, the
-    resident model, the augmentations and the kernels)."""
+    resident model, the augmentations and the kernels, and compiles the model when
+    ``compile`` asks)."""
     from client_app.fixmatch import FixMatchClient
 
-    settings = experiment(model, dataset, batch, amp, steps, device)
+    settings = experiment(model, dataset, batch, amp, steps, device, compile)
     net = model_for(settings.model, dataset_info(settings.dataset.name))
     content = RecordDict(
         {
@@ -175,6 +181,7 @@ def case(model: str, dataset: str, batch: int, amp: str, steps: int, device: str
         )
     except RuntimeError as err:  # a capture this torch or GPU refuses: recorded, not fatal
         graphed, graph_error = None, str(err).strip().splitlines()[0][:200]
+    compiled, compile_error = compiled_client_rate(model, dataset, batch, amp, steps, device)
     return {
         "model": model,
         "batch": batch,
@@ -185,5 +192,22 @@ def case(model: str, dataset: str, batch: int, amp: str, steps: int, device: str
         "bare_graphed_images_per_s": None if graphed is None else significant(graphed),
         "ratio": round(project / bare, 3),
         "ratio_to_graphed": None if graphed is None else round(project / graphed, 3),
+        "client_compiled_images_per_s": None if compiled is None else significant(compiled),
+        "compiled_ratio": None if compiled is None else round(compiled / bare, 3),
         **({"bare_graphed_error": graph_error} if graph_error else {}),
+        **({"client_compiled_error": compile_error} if compile_error else {}),
     }
+
+
+def compiled_client_rate(
+    model: str, dataset: str, batch: int, amp: str, steps: int, device: str
+) -> tuple[float | None, str | None]:
+    """(images/s, error) of the client with ``train.compile: reduce-overhead`` (compiled,
+    CUDA graphs); (None, None) off a GPU (compiling costs about a minute on a CPU), and
+    the error's first line where compiling fails."""
+    if device != "cuda":
+        return None, None
+    try:
+        return client_rate(model, dataset, batch, amp, steps, device, "reduce-overhead")[0], None
+    except Exception as err:  # a compiler failure is recorded, not fatal
+        return None, str(err).strip().splitlines()[0][:200]

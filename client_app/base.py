@@ -227,9 +227,9 @@ class ClientHalf(ABC):
 
     # The optional client options (ssfl.experiment.CLIENT_OPTIONS) ``train`` honours; the
     # config refuses any other one set on. The base optimizer keeps momentum, Nesterov and
-    # Adam.
+    # Adam; the base model compiles (train.compile).
     honours: frozenset[str] = frozenset(
-        {"client.keep_momentum", "client.nesterov", "client.optimizer"}
+        {"client.keep_momentum", "client.nesterov", "client.optimizer", "train.compile"}
     )
     # The federation.attack kinds it can apply (the config refuses the others): every dense
     # half can poison the model it sends; a half that makes pseudo-labels adds label_flip.
@@ -260,7 +260,12 @@ class ClientHalf(ABC):
         self.seed = derive_seed(self.settings.seed, "client", partition_id, self.round)
 
     def build_model(self) -> nn.Module:
-        return model_for(self.settings.model, self.data).to(self.device)
+        """The client's model on its device, compiled in place when ``train.compile`` asks
+        (kept by :func:`resident_model`, so a process compiles it once)."""
+        model = model_for(self.settings.model, self.data).to(self.device)
+        if self.settings.train.compile != "off":
+            model.compile(mode=self.settings.train.compile)
+        return model
 
     def model_key(self) -> tuple:
         """What the built model depends on: the half, the run's config, the data's shape

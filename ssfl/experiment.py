@@ -51,6 +51,7 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "client.nesterov": False,
     "client.proximal_mu": 0.0,
     "client.optimizer": "sgd",
+    "train.compile": "off",
 }
 
 # Keys that say where and how a run executes, not what it computes.

@@ -237,6 +237,14 @@ class TrainSettings:
         "(ours; a GPU speed option, changes the numbers); `off` = float32",
         choices=("off", "bf16"),
     )
+    compile: str = setting(
+        "off",
+        "the clients' model compiled with `torch.compile` in this mode, once per process (the "
+        "resident model): `reduce-overhead` captures CUDA graphs on a GPU. A GPU speed option "
+        "(ours): the first steps of each new batch shape compile (about 50 s on a CPU), the "
+        "numbers move in the last bits; `off` = eager",
+        choices=("off", "default", "reduce-overhead", "max-autotune"),
+    )
 
 
 @dataclass(frozen=True)

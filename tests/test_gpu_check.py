@@ -120,6 +120,7 @@ def test_gpu_check_cpu_runs_every_step_and_writes_one_json(tmp_path, capsys):
         assert case["client_images_per_s"] > 0 and case["bare_images_per_s"] > 0
         assert case["client_setup_seconds"] > 0  # apart from the steady rate
         assert case["bare_graphed_images_per_s"] is None  # CUDA graphs: on a GPU only
+        assert case["client_compiled_images_per_s"] is None  # compiled: on a GPU only
         assert case["ratio"] == pytest.approx(
             case["client_images_per_s"] / case["bare_images_per_s"], rel=0.01
         )
@@ -205,3 +206,23 @@ def test_busy_time_counts_only_the_steady_rounds_samples():
         "shutdown_seconds": 2.5,
     }
     assert phases({}, started=1.0)["steady_rounds_seconds"] is None
+
+
+def test_the_compiled_client_is_timed_on_a_gpu_only_and_a_compiler_failure_is_recorded(
+    monkeypatch,
+):
+    from benchmarks import gpu_step
+
+    assert gpu_step.compiled_client_rate("small_cnn", "synthetic28", 8, "off", 2, "cpu") == (
+        None,
+        None,
+    )
+    asked = []
+
+    def fails(*args):
+        asked.append(args[-1])
+        raise RuntimeError("inductor: no C++ compiler\nmore lines")
+
+    monkeypatch.setattr(gpu_step, "client_rate", fails)
+    rate = gpu_step.compiled_client_rate("small_cnn", "synthetic28", 8, "off", 2, "cuda")
+    assert rate == (None, "inductor: no C++ compiler") and asked == ["reduce-overhead"]

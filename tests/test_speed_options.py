@@ -79,6 +79,25 @@ def test_bf16_is_honoured():
     assert half["test_loss"] == pytest.approx(plain["test_loss"], rel=0.05)
 
 
+def test_compile_is_off_by_default_and_refused_where_the_half_builds_its_own_model():
+    assert DEFAULTS["train"]["compile"] == "off"
+    with pytest.raises(ConfigError, match=r"'train.compile': method 'fedmatch' does not honour"):
+        resolve_config({**tiny_raw("fedmatch"), "train": {"compile": "default"}})
+
+
+@pytest.mark.slow  # compiling the small CNN on a CPU takes about a minute
+def test_a_compiled_client_model_gives_the_eager_numbers_up_to_rounding():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    plain = one_round("fedavg_fixmatch")[-1]
+    assert counters["stats"]["unique_graphs"] == 0
+    compiled = one_round("fedavg_fixmatch", train={"compile": "default"})[-1]
+    assert counters["stats"]["unique_graphs"] >= 1  # the clients' forward was compiled
+    for key in ("train_loss", "test_loss"):
+        assert compiled[key] == pytest.approx(plain[key], rel=1e-3)
+
+
 # Pages (4 KiB) of one step's activations and their gradients: the forward outputs of 128
 # images (2 x 32x28x28 + 32x14x14 + 2 x 64x14x14 + 64x7x7 + 10 floats each), twice.
 STEP_PAGES = (
