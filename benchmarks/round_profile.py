@@ -60,12 +60,18 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.peak_memory import tree  # noqa: E402
 from ssfl.experiment import check_data, resolve_experiment  # noqa: E402
 from ssfl.registry import settings_of  # noqa: E402
-from tasks.augment import RandAugment, StrongAugment, WeakAugment  # noqa: E402
+from tasks import augment, augment_batched  # noqa: E402
 from tasks.settings import Settings  # noqa: E402
 from tasks.train import keep_freed_memory, resolve_device  # noqa: E402
 from tests.harness import InProcessGrid, strategy_of  # noqa: E402
 
-AUGMENTERS = (WeakAugment, RandAugment, StrongAugment)
+# The augmentation modules of both engines (augment.engine): their calls count as augmentation.
+AUGMENTERS = tuple(
+    cls
+    for module in (augment, augment_batched)
+    for cls in vars(module).values()
+    if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == module.__name__
+)
 PHASES = ("clients", "server training", "aggregation", "evaluation", "messages", "loop")
 KINDS = ("forward", "backward", "optimizer", "augmentation", "setup", "other")
 

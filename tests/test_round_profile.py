@@ -201,3 +201,16 @@ def test_the_start_up_line_names_the_cpu_it_used_when_sampled(profile):
     second = profile.startup_line(flower).splitlines()[1]
     assert second.startswith("start-up CPU: 3.0 s (1.50 cores busy on average of ")
     assert second.endswith("): SuperLink 3.0")
+
+
+def test_both_engines_augmenters_count_as_augmentation(profile):
+    from tasks import augment, augment_batched
+
+    for cls in (
+        augment.StrongAugment,
+        augment.OfficialRandAugment,
+        augment_batched.BatchedStrongAugment,
+        augment_batched.BatchedOfficialRandAugment,
+        augment_batched.BatchedWeakAugment,
+    ):
+        assert cls in profile.AUGMENTERS, cls
