@@ -36,6 +36,7 @@ views, so switching engines changes a run's numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -340,7 +341,10 @@ def erase_boxes(
 
 
 # ----- RandAugment --------------------------------------------------------------------------
-PHOTOMETRIC = {
+# An op: (images, each image's parameter) -> images.
+PhotometricOp = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+PHOTOMETRIC: dict[int, PhotometricOp] = {
     AUTOCONTRAST: lambda x, v: autocontrast(x),
     EQUALIZE: lambda x, v: equalize(x),
     SOLARIZE: solarize,
@@ -420,7 +424,7 @@ def geometric_sources(
     return source, geometric
 
 
-def photometric_ops(x: torch.Tensor) -> dict:
+def photometric_ops(x: torch.Tensor) -> dict[int, PhotometricOp]:
     """The photometric ops that apply to ``x`` (saturation for RGB only)."""
     return {op: f for op, f in PHOTOMETRIC.items() if op != SATURATION or x.shape[-3] == 3}
 
