@@ -232,7 +232,8 @@ def profiled_rounds(settings: Settings) -> tuple[list[RoundTrace], dict[str, nn.
 
     strategy = strategy_of(settings, on_round)
     parts = strategy.parts
-    wrap(parts.trainer, "train", profiler, "server training")
+    if hasattr(parts.trainer, "train"):  # a server that trains (FedoSSL's does not)
+        wrap(parts.trainer, "train", profiler, "server training")
     wrap(parts.trainer, "bootstrap", profiler, "server training")
     if parts.aggregator is not None:
         wrap(parts.aggregator, "aggregate", profiler, "aggregation")

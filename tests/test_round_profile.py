@@ -13,6 +13,7 @@ import pytest
 from ssfl.experiment import resolve_config
 from ssfl.registry import settings_of
 from tests.conftest import ROOT
+from tests.harness import tiny_raw
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +215,12 @@ def test_both_engines_augmenters_count_as_augmentation(profile):
         augment_batched.BatchedWeakAugment,
     ):
         assert cls in profile.AUGMENTERS, cls
+
+
+def test_a_method_whose_server_does_not_train_is_profiled(profile):
+    """FedoSSL's server has no training step to time (it refines centroids when it
+    aggregates): its rounds are profiled all the same."""
+    cfg = resolve_config({**tiny_raw("fedossl"), "rounds": 1})
+    traces, _ = profile.profiled_rounds(settings_of(cfg))
+    assert len(traces) == 1 and traces[0].client_passes
+    assert ("server training", "forward") not in traces[0].seconds
