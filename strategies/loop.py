@@ -662,8 +662,8 @@ def threads_beside_clients(
 ) -> int | None:
     """Torch threads for the server's work while a simulation's clients train on this
     machine's CPU: the server's threads less the CPUs the round's clients reserve, at least
-    one (on 2 cores, a beside-clients step on 2 threads beside two training clients took a
-    quarter more of the round's CPU; docs/benchmarks.md). None (as they are) when the
+    one (on 2 cores, the step on 2 threads beside two training clients cost a T = 1 round
+    about 0.07 s; docs/benchmarks.md). None (as they are) when the
     clients are not on this CPU: a deployment's grid, or a server on a GPU."""
     if not isinstance(grid, InMemoryGrid) or device.type != "cpu":
         return None

@@ -405,7 +405,8 @@ def apply_chosen(x: torch.Tensor, choice: torch.Tensor, value: torch.Tensor) -> 
     (as tasks.augment.apply_chosen). On an accelerator every op runs on the whole batch
     and each sample keeps its own op's result (no host sync); on the CPU, where reading
     the choices back costs nothing, each op runs on its own samples only: the same values,
-    bit for bit (tests/test_augment_batched.py), for about a seventh of the work."""
+    bit for bit (tests/test_augment_batched.py), a strong view about 4x faster
+    (benchmarks/augment_speed.py)."""
     if x.device.type == "cpu" and not syncs.counting():
         return apply_chosen_indexed(x, choice, value)
     return apply_chosen_masked(x, choice, value)
