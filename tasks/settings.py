@@ -628,7 +628,8 @@ class AugmentSettings:
     engine: str = setting(
         "kornia",
         "augmentation code: `kornia` (tasks/augment.py, kornia ops on each op's samples) or "
-        "`batched` (tasks/augment_batched.py: the same ops, no device-to-host syncs)",
+        "`batched` (tasks/augment_batched.py: the same ops, drawn otherwise; no device-to-host "
+        "syncs on an accelerator, each op on its own samples on the CPU, the same values)",
         choices=("kornia", "batched"),
     )
 
