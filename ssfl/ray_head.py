@@ -20,7 +20,11 @@ def hold() -> None:
     import ray
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # address="local": a new cluster, always. With no address, ray.init joins the cluster
+    # named in /tmp/ray/ray_current_cluster (written by `ray start` and ray.cluster_utils)
+    # if there is one: a run started beside another's cluster joined it and died with it
+    # ("Failed to connect to GCS") when that cluster stopped.
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         sys.stdin.read()
     finally:

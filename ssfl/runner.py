@@ -317,6 +317,10 @@ class LocalSuperLink:
         ray = RayHead(free_port(), home / "ray-head.log") if ray_prestart_wanted(env) else None
         if ray is not None:
             env["RAY_ADDRESS"] = ray.address
+        elif not env.get("RAY_ADDRESS"):
+            # The simulation starts a cluster of its own, not the one another run or `ray
+            # start` left in /tmp/ray/ray_current_cluster (ssfl.ray_head says why).
+            env["RAY_ADDRESS"] = "local"
         return cls(home=home, env=env, ray=ray)
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from ssfl import ray_head
 from ssfl.experiment import resolve_config
 from ssfl.progress import strip_ansi
 from ssfl.registry import settings_of
@@ -117,8 +119,8 @@ def test_a_run_joins_a_ray_cluster_of_its_own_unless_told_otherwise(user, presta
         assert (link.ray is not None) == prestarted
         if prestarted:
             assert link.env["RAY_ADDRESS"] == f"127.0.0.1:{link.ray.port}"
-        else:
-            assert link.env.get("RAY_ADDRESS") == user.get("RAY_ADDRESS")
+        else:  # the user's cluster, else one the simulation starts (never a found one)
+            assert link.env["RAY_ADDRESS"] == user.get("RAY_ADDRESS", "local")
     finally:
         link.close()
 
@@ -139,6 +141,18 @@ def test_the_ray_head_starts_a_cluster_rather_than_joining_the_address_it_serves
     assert started["cmd"][1:] == ["-m", "ssfl.ray_head"]
     assert started["env"] == {"PATH": "/bin", "RAY_GCS_SERVER_PORT": "45678"}
     assert started["stdin"] == subprocess.PIPE
+
+
+def test_the_ray_head_starts_a_new_cluster_even_where_ray_would_join_one(monkeypatch):
+    """ray.init with no address joins the cluster /tmp/ray/ray_current_cluster names (a
+    `ray start` or ray.cluster_utils one, e.g. another test's): the head asks for a local one."""
+    calls = []
+    fake = SimpleNamespace(init=lambda **kw: calls.append(kw), shutdown=lambda: None)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # stdin closed: the head returns
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    ray_head.hold()
+    assert [kw["address"] for kw in calls] == ["local"]
 
 
 def test_a_dead_ray_head_fails_the_run_with_its_last_line(tmp_path):
