@@ -19,7 +19,6 @@ thread, for Fashion-MNIST's 1x28x28 and CIFAR-10's 3x32x32 images:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.partial_sums import best_of  # noqa: E402
+from benchmarks.partial_sums import best_of, report  # noqa: E402
 from tasks import augment_batched  # noqa: E402
 from tasks.augment import StrongAugment  # noqa: E402
 from tasks.results import host  # noqa: E402
@@ -89,11 +88,7 @@ def main() -> None:
         "seconds": measure(args.images, args.repeat),
         "host": host(),
     }
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from flwr.app import RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from benchmarks.partial_sums import best_of
+from benchmarks.partial_sums import best_of, report
 from client_app.base import MOMENTUM_KEY, host_record
 from client_app.state import STORE, read_state, restore_state, save_state
 from tasks.checkpoint import write_atomic
@@ -128,11 +127,7 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="ssfl-state-", dir=args.dir) as scratch:
         result = {**measure(args.model, args.repeat, Path(scratch)), "host": host()}
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,15 @@ def best_of(repeat: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
+def report(result: dict, path: Path | None) -> None:
+    """Print ``result`` as JSON and, with ``path``, write it there (its folder made)."""
+    text = json.dumps(result, indent=2)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    print(text)
+
+
 def measure(model: str, clients: int, workers: int, repeat: int) -> dict:
     """Seconds and bytes of one round's aggregation both ways."""
     states = client_states(model, clients)
@@ -110,11 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = {**measure(args.model, args.clients, args.workers, args.repeat), "host": host()}
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    report(result, args.json)
 
 
 if __name__ == "__main__":
