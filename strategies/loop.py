@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.superlink.grid import InMemoryGrid
 
 from ssfl import cohort
 from ssfl.gpu import cohort_workers, gpu_count
@@ -665,9 +665,18 @@ def threads_beside_clients(
     one (on 2 cores, the step on 2 threads beside two training clients cost a T = 1 round
     about 0.07 s; docs/benchmarks.md). None (as they are) when the
     clients are not on this CPU: a deployment's grid, or a server on a GPU."""
-    if not isinstance(grid, InMemoryGrid) or device.type != "cpu":
+    if not is_simulation_grid(grid) or device.type != "cpu":
         return None
     return max(1, torch.get_num_threads() - clients * cpus_each)
+
+
+def is_simulation_grid(grid: Grid) -> bool:
+    """Whether ``grid`` is the simulation's in-memory grid. Read from ``sys.modules``: a
+    process that never loaded Flower's in-memory grid (the CLI resolving a config, a deployed
+    ServerApp) cannot hold one, and importing it (its LinkState, SQLAlchemy) costs about
+    0.85 s of the CLI's start before the SuperLink boots."""
+    module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+    return module is not None and isinstance(grid, module.InMemoryGrid)
 
 
 def stalled_message(rnd: int, limit: int, stats: RoundStats) -> str:

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.spatial import KDTree
 
 
 def agreement_labels(
@@ -64,6 +63,8 @@ class HelperIndex:
     """A KD-tree over the model embeddings m^k; the H nearest other clients are helpers."""
 
     def __init__(self, embeddings: Mapping[int, np.ndarray]):
+        from scipy.spatial import KDTree  # here: the clients and the CLI never need SciPy
+
         self.ids = sorted(embeddings)
         self.vectors = np.stack([np.asarray(embeddings[i], dtype=np.float64) for i in self.ids])
         self.tree = KDTree(self.vectors)

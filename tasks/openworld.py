@@ -19,8 +19,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.optimize import linear_sum_assignment
-from scipy.special import betaincinv
 from torch import Tensor, nn
 
 from tasks.models import embedding, head_of
@@ -141,6 +139,8 @@ def claim_seen_rows(centroids: Tensor, seen_means: Tensor, seen: Sequence[int]) 
     (cosine, one-to-one by the Hungarian algorithm) to class c's labeled-feature mean; the
     other centroids keep their order in the remaining rows (ours: the code is greedy)."""
     sim = F.normalize(seen_means, dim=1) @ F.normalize(centroids, dim=1).T
+    from scipy.optimize import linear_sum_assignment  # SciPy where used: not at every start
+
     _, cols = linear_sum_assignment(-sim.cpu().numpy())
     order = [-1] * len(centroids)
     for c, col in zip(seen, cols):
@@ -363,6 +363,8 @@ def clusters_to_classes(clusters: Tensor, probs: Tensor, classes: Sequence[int])
     k = int(clusters.max()) + 1
     mass = torch.zeros(k, len(classes), dtype=probs.dtype, device=probs.device)
     mass.index_add_(0, clusters, probs[:, list(classes)])
+    from scipy.optimize import linear_sum_assignment
+
     rows, cols = linear_sum_assignment(-mass.cpu().numpy())
     table = torch.full((k,), -1, dtype=torch.long)
     table[torch.as_tensor(rows)] = torch.as_tensor(np.asarray(classes)[cols], dtype=torch.long)
@@ -412,6 +414,8 @@ def beta_draw(alpha: float, generator=None) -> float:
     """One draw of mixup's lambda ~ Beta(alpha, alpha), by the inverse CDF of a uniform from
     ``generator`` (so the client's seeded stream decides it)."""
     u = float(torch.rand((), generator=generator))
+    from scipy.special import betaincinv
+
     return float(betaincinv(alpha, alpha, u))
 
 
@@ -430,6 +434,8 @@ def matched_accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     size = int(max(y_true.max(), y_pred.max())) + 1
     counts = np.zeros((size, size), dtype=np.int64)
     np.add.at(counts, (y_pred, y_true), 1)
+    from scipy.optimize import linear_sum_assignment
+
     rows, cols = linear_sum_assignment(-counts)
     return float(counts[rows, cols].sum() / len(y_true))
 

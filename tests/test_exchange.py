@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable
 
@@ -12,7 +13,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import InMemoryGrid
 
-from strategies.loop import threads_beside_clients
+from strategies.loop import is_simulation_grid, threads_beside_clients
 from strategies.messaging import REPLY_POLL_MAX_S, exchange
 from tasks.train import torch_threads
 
@@ -127,6 +128,15 @@ def test_the_server_step_beside_simulated_cpu_clients_gets_the_threads_they_leav
         # Clients elsewhere (a deployment's grid) or a server on a GPU: threads untouched.
         assert threads_beside_clients(DelayedGrid([0.1]), 10, 1, cpu) is None
         assert threads_beside_clients(simulation, 10, 1, torch.device("cuda")) is None
+
+
+def test_only_the_simulations_grid_counts_as_one_and_a_process_without_it_has_none(
+    monkeypatch,
+):
+    assert is_simulation_grid(object.__new__(InMemoryGrid))
+    assert not is_simulation_grid(DelayedGrid([0.1]))
+    monkeypatch.delitem(sys.modules, "flwr.superlink.grid.inmemory_grid")
+    assert not is_simulation_grid(object.__new__(InMemoryGrid))  # never loaded: none exists
 
 
 def test_torch_threads_sets_the_count_for_the_block_and_restores_it():

@@ -39,3 +39,22 @@ def test_importing_the_registry_imports_no_method_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_resolving_every_method_and_starting_a_client_load_no_server_only_module():
+    """What the CLI imports before the SuperLink boots, and each client actor at its start:
+    neither needs Flower's in-memory grid (its LinkState, SQLAlchemy: ~0.85 s) nor SciPy
+    (~0.3-1.8 s); both are imported where they are used (docs/benchmarks.md, start-up)."""
+    code = (
+        "import sys, client_app.app\n"
+        "from ssfl.registry import METHODS, settings_of\n"
+        "from ssfl.experiment import resolve_config\n"
+        "for name in METHODS:\n"
+        "    settings_of(resolve_config({'method': name}))\n"
+        "    METHODS[name].client_half()\n"
+        "heavy = ('flwr.superlink.grid.inmemory_grid', 'sqlalchemy', 'scipy', 'dp_accounting')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
