@@ -73,7 +73,7 @@ def flwr_bin(name: str) -> str:
 
 def flwr_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of every Flower process and CLI call: a scratch FLWR_HOME,
-    no runtime dependency installation, no update check, a 0.1 s SuperExec poll, no Ray
+    no runtime dependency installation, no update check, no Ray
     workers started before they are asked for, the tag that lets the CLI's watchdog end
     them when the CLI ends (:mod:`ssfl.lifecycle`), plus ``extra``."""
     return {
@@ -93,8 +93,6 @@ def flwr_env(home: Path, **extra: str) -> dict[str, str]:
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
-        # flower-superexec looks for a new run to launch once a second by default.
-        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
         **run_tag(),
         **extra,
     }

@@ -105,6 +105,14 @@ def test_ray_waits_minutes_for_its_gcs_unless_the_user_says(user, seconds, tmp_p
     assert flwr_env(tmp_path)["RAY_gcs_rpc_server_reconnect_timeout_s"] == seconds
 
 
+def test_the_superexec_polls_at_flowers_default_unless_the_user_says(tmp_path, monkeypatch):
+    # At 0.1 s its polls cost 0.085 of a core for the whole run (docs/benchmarks.md).
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
+    assert "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" not in flwr_env(tmp_path)
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
+    assert flwr_env(tmp_path)["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
+
+
 @pytest.mark.parametrize(
     ("user", "prestarted"),
     [({}, True), ({"SSFL_RAY_PRESTART": "0"}, False), ({"RAY_ADDRESS": "10.0.0.5:6379"}, False)],
