@@ -63,7 +63,7 @@ class HelperIndex:
     """A KD-tree over the model embeddings m^k; the H nearest other clients are helpers."""
 
     def __init__(self, embeddings: Mapping[int, np.ndarray]):
-        from scipy.spatial import KDTree  # here: the clients and the CLI never need SciPy
+        from scipy.spatial import KDTree  # here: clients and the CLI start without SciPy
 
         self.ids = sorted(embeddings)
         self.vectors = np.stack([np.asarray(embeddings[i], dtype=np.float64) for i in self.ids])

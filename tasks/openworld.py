@@ -10,6 +10,8 @@ self-training (Fed-AN, Fed-RN, Local-N, Cen-N) and SemiFL's pseudo-labels extend
 unseen classes (SemiFL*).
 Open choices follow the official code, GitHub cugzj/FedoSSL (fedossl_cifar.py,
 models/resnet_s.py), as ../shared/notes/fedossl-fedsup.md records them.
+SciPy is imported inside the functions that use it: a process starts without it (about
+0.4 s of every client's and the CLI's start; docs/benchmarks.md, start-up).
 """
 
 from __future__ import annotations
@@ -138,9 +140,9 @@ def claim_seen_rows(centroids: Tensor, seen_means: Tensor, seen: Sequence[int]) 
     """Reorder the global centroids so that row c of seen class c is the centroid nearest
     (cosine, one-to-one by the Hungarian algorithm) to class c's labeled-feature mean; the
     other centroids keep their order in the remaining rows (ours: the code is greedy)."""
-    sim = F.normalize(seen_means, dim=1) @ F.normalize(centroids, dim=1).T
-    from scipy.optimize import linear_sum_assignment  # SciPy where used: not at every start
+    from scipy.optimize import linear_sum_assignment
 
+    sim = F.normalize(seen_means, dim=1) @ F.normalize(centroids, dim=1).T
     _, cols = linear_sum_assignment(-sim.cpu().numpy())
     order = [-1] * len(centroids)
     for c, col in zip(seen, cols):
@@ -360,11 +362,11 @@ def clusters_to_classes(clusters: Tensor, probs: Tensor, classes: Sequence[int])
     """The class of each cluster: clusters matched one-to-one to ``classes`` by the
     Hungarian algorithm on the probability mass the model gives each class over the
     cluster's members (ours). Returns one class per sample."""
+    from scipy.optimize import linear_sum_assignment
+
     k = int(clusters.max()) + 1
     mass = torch.zeros(k, len(classes), dtype=probs.dtype, device=probs.device)
     mass.index_add_(0, clusters, probs[:, list(classes)])
-    from scipy.optimize import linear_sum_assignment
-
     rows, cols = linear_sum_assignment(-mass.cpu().numpy())
     table = torch.full((k,), -1, dtype=torch.long)
     table[torch.as_tensor(rows)] = torch.as_tensor(np.asarray(classes)[cols], dtype=torch.long)
@@ -413,9 +415,9 @@ def mixup_pseudo_loss(logits: Tensor, y_fix: Tensor, y_partner: Tensor, lam: flo
 def beta_draw(alpha: float, generator=None) -> float:
     """One draw of mixup's lambda ~ Beta(alpha, alpha), by the inverse CDF of a uniform from
     ``generator`` (so the client's seeded stream decides it)."""
-    u = float(torch.rand((), generator=generator))
     from scipy.special import betaincinv
 
+    u = float(torch.rand((), generator=generator))
     return float(betaincinv(alpha, alpha, u))
 
 
@@ -429,13 +431,13 @@ def hard_pseudo_labels(probs: Tensor, pseudo: Tensor) -> Tensor:
 def matched_accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """Accuracy after mapping predicted labels one-to-one to classes by the Hungarian
     algorithm (ORCA's cluster_acc); 0 on an empty set."""
+    from scipy.optimize import linear_sum_assignment
+
     if len(y_true) == 0:
         return 0.0
     size = int(max(y_true.max(), y_pred.max())) + 1
     counts = np.zeros((size, size), dtype=np.int64)
     np.add.at(counts, (y_pred, y_true), 1)
-    from scipy.optimize import linear_sum_assignment
-
     rows, cols = linear_sum_assignment(-counts)
     return float(counts[rows, cols].sum() / len(y_true))
 
