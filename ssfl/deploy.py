@@ -22,6 +22,7 @@ from ssfl.certs import make_certificates, make_node_key
 from ssfl.lifecycle import owned_temp_dir, record_interruption
 from ssfl.runner import (
     APP_DIR,
+    SUPERLINK_READY_S,
     RunFailed,
     flwr_bin,
     flwr_env,
@@ -89,7 +90,7 @@ class LocalDeployment:
         self.processes[name] = process
         return process
 
-    def start_superlink(self, timeout: float = 120.0) -> None:
+    def start_superlink(self, timeout: float = SUPERLINK_READY_S) -> None:
         """The SuperLink (TLS, node authentication, process isolation) and the ServerApp's
         SuperExec; returns once the SuperLink answers over TLS."""
         c = self.certs

@@ -49,6 +49,9 @@ APP_DIR = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
 # The app's packages: pyproject.toml's wheel packages (a test keeps the two equal).
 APP_PACKAGES = ("server_app", "client_app", "strategies", "tasks", "ssfl")
+# How long a SuperLink may take to answer its health check (one that exits fails at once).
+# Beside CPU-bound work on 2 cores a simulation's SuperLink has taken over 60 s.
+SUPERLINK_READY_S = 300.0
 
 
 class RunFailed(RuntimeError):
@@ -358,7 +361,7 @@ class LocalSuperLink:
         ]
         self.process = start_process(cmd, self.env)
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = SUPERLINK_READY_S) -> None:
         """Block until the launched SuperLink answers its health check."""
         assert self.process is not None, "launch() first"
         health = f"http://127.0.0.1:{self.http_port}/health"
