@@ -26,6 +26,7 @@ from ssfl.runner import (
     federation_config,
     flwr_env,
     run_config_arg,
+    wait_until,
 )
 from tests.conftest import ROOT
 from tests.harness import alive
@@ -248,3 +249,22 @@ def test_the_code_version_travels_in_a_run_config_key_the_app_declares(tmp_path)
     assert set(keys) <= set(declared["config"])  # Flower refuses an undeclared key
     assert "code-version='0123456789ab+dirty'" in arg
     assert "code-version" not in run_config_arg(tmp_path / "e.yaml", tmp_path)
+
+
+def test_waiting_for_a_process_ends_at_once_when_it_exits_and_at_its_time_when_it_hangs(
+    tmp_path,
+):
+    """The SuperLink's generous readiness time (SUPERLINK_READY_S) costs nothing when it dies."""
+    log = tmp_path / "superlink.log"
+    with subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]) as dead:
+        started = time.monotonic()
+        with pytest.raises(RunFailed, match=r"^flower-superlink exited with 3; see "):
+            wait_until(lambda: False, dead, "flower-superlink", log, timeout=300)
+        assert time.monotonic() - started < 10
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as hung:
+        try:
+            wait_until(lambda: True, hung, "flower-superlink", log, timeout=1)  # ready: returns
+            with pytest.raises(RunFailed, match=r"^flower-superlink was not ready within 1s"):
+                wait_until(lambda: False, hung, "flower-superlink", log, timeout=1)
+        finally:
+            hung.kill()
