@@ -583,7 +583,9 @@ def test_a_stop_after_ctrl_c_kills_the_serverapp_first_and_a_normal_stop_terms_i
         while not any(map(runs_server_app, runner.descendants(shell.pid))):
             assert time.monotonic() < deadline, "the fake simulation did not start"
             time.sleep(0.05)
-        (simulation,) = [p for p in runner.descendants(shell.pid) if runs_server_app(p)]
+        # The shell's own child: each `sleep` the script forks bears its name until it execs.
+        children = runner.process_tree().get(shell.pid, [])
+        (simulation,) = [p for p in children if runs_server_app(p)]
         runner.stop_processes([shell], grace=2.0)
         assert not alive(simulation)
         time.sleep(0.3)
