@@ -36,9 +36,7 @@ def test_importing_the_registry_imports_no_method_module():
         "import sys, ssfl.registry, client_app.app; "
         "print(sorted(m for m in sys.modules if m.startswith(('strategies', 'server_app'))))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert fresh_interpreter(code) == "[]"
 
 
 def test_resolving_every_method_and_starting_a_client_load_no_server_only_module():
@@ -55,6 +53,11 @@ def test_resolving_every_method_and_starting_a_client_load_no_server_only_module
         "heavy = ('flwr.superlink.grid.inmemory_grid', 'sqlalchemy', 'scipy', 'dp_accounting')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
+    assert fresh_interpreter(code) == "[]"
+
+
+def fresh_interpreter(code: str) -> str:
+    """What ``code`` prints in a new interpreter at the repository root (it must not fail)."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    return out.stdout.strip()

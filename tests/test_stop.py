@@ -580,12 +580,13 @@ def test_a_stop_after_ctrl_c_kills_the_serverapp_first_and_a_normal_stop_terms_i
     shell = subprocess.Popen(["bash", "-c", f"bash {server} & wait"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not any(map(runs_server_app, runner.descendants(shell.pid))):
+        # The shell's own child: each `sleep` the script forks bears its name until it execs.
+        while not (
+            found := [p for p in runner.process_tree().get(shell.pid, []) if runs_server_app(p)]
+        ):
             assert time.monotonic() < deadline, "the fake simulation did not start"
             time.sleep(0.05)
-        # The shell's own child: each `sleep` the script forks bears its name until it execs.
-        children = runner.process_tree().get(shell.pid, [])
-        (simulation,) = [p for p in children if runs_server_app(p)]
+        (simulation,) = found
         runner.stop_processes([shell], grace=2.0)
         assert not alive(simulation)
         time.sleep(0.3)
