@@ -21,7 +21,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import node_from_config, parse_config
-from client_app.state import STORE, restore_state, save_state, state_folder
+from client_app.state import STORE, restore_state, save_state, state_folder, state_root
 from ssfl import cohort
 from ssfl.records import record_arrays
 from ssfl.registry import method, settings_of
@@ -33,11 +33,18 @@ app = ClientApp()
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds (its id, also with its own data) and
-    whether it trains on its own folder (then the server cannot know its size)."""
+    """Tell the server which partition this node holds (its id, also with its own data),
+    whether it trains on its own folder (then the server cannot know its size) and whether
+    its clients' states persist in partition folders (then a cohort's client may go to
+    any worker: ``state-on-disk``)."""
     node = node_from_config(context.node_config)
+    on_disk = bool(state_root(context.node_config, context.run_config))
     metrics = MetricRecord(
-        {"partition-id": node.partition_id, "own-data": int(bool(node.data_path))}
+        {
+            "partition-id": node.partition_id,
+            "own-data": int(bool(node.data_path)),
+            "state-on-disk": int(on_disk),
+        }
     )
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 

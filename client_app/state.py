@@ -56,11 +56,16 @@ class StateFileError(RuntimeError):
     """A client state file cannot be read (the message is one line naming it)."""
 
 
+def state_root(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> str:
+    """The folder of the partitions' state folders ("": states are not persisted)."""
+    return str(node_config.get("state-path", "") or run_config.get("client-state-dir", ""))
+
+
 def state_folder(
     node_config: Mapping[str, Any], run_config: Mapping[str, Any], partition_id: int
 ) -> Path | None:
     """Where partition ``partition_id`` keeps its state (None: not persisted)."""
-    root = str(node_config.get("state-path", "") or run_config.get("client-state-dir", ""))
+    root = state_root(node_config, run_config)
     return Path(root) / f"partition-{partition_id}" if root else None
 
 

@@ -100,13 +100,28 @@ def unpack(content: RecordDict) -> tuple[dict[int, RecordDict], dict[int, str]]:
     return contents, errors
 
 
-def assign(partitions: list[int], workers: int) -> list[list[int]]:
-    """The round's partitions over ``workers`` (partition p to worker p mod workers, so a
-    client's worker, and the worker's kept client state, never change); sorted each."""
+def assign(
+    partitions: list[int], workers: int, costs: Mapping[int, float] | None = None
+) -> list[list[int]]:
+    """The round's partitions over ``workers``, sorted each.
+
+    Without ``costs``: partition p to worker p mod workers, so a client's worker, and the
+    worker's kept client state, never change. With each partition's expected cost: longest
+    first, each to the worker with the least cost so far (the lowest index on ties), so a
+    round of sampled clients does not wait on a worker given most of them (10 of 100 on two
+    workers by p mod 2: 6.2 clients on the busier one on average, against 5). Equal costs
+    and every client sampled give the p mod workers split."""
     out: list[list[int]] = [[] for _ in range(workers)]
-    for pid in sorted(partitions):
-        out[pid % workers].append(pid)
-    return out
+    if costs is None:
+        for pid in sorted(partitions):
+            out[pid % workers].append(pid)
+        return out
+    loads = [0.0] * workers
+    for pid in sorted(partitions, key=lambda p: (-costs[p], p)):
+        worker = min(range(workers), key=lambda w: (loads[w], w))
+        out[worker].append(pid)
+        loads[worker] += costs[pid]
+    return [sorted(pids) for pids in out]
 
 
 def ask_for_sums(content: RecordDict, request: SumRequest) -> None:

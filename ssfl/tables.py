@@ -47,6 +47,7 @@ class Block:
     columns: tuple[str, ...]
     metric: str = "final_test_accuracy"  # every summary of the block records this one
     baseline: str | None = None  # the row the lifts are over (None: the table's)
+    label: str = ""  # how a README row names this block's setting when it shows it second
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Status:
     verdict: str  # reproduced / partly / not
     cell: tuple[str, str, str] | None = None  # (block, row, column)
     against: str | None = None  # a row of the same block and column shown beside ours
+    also: tuple[str, ...] = ()  # other blocks (settings) whose same cells follow
 
 
 BLOCKS: dict[str, Block] = {
@@ -102,6 +104,7 @@ BLOCKS: dict[str, Block] = {
         table="ssfl-fig2",
         summaries=("ssfl-fig2-steady",),
         columns=("Non-IID",),
+        label="steady setting",
     ),
 }
 
@@ -127,6 +130,7 @@ STATUSES: tuple[Status, ...] = (
         "partly",
         ("ssfl-fig2", "FedAvg solution", "Non-IID"),
         "Server-SL",  # the paper's federated model ends above the server alone
+        ("ssfl-fig2-steady",),  # and where it ends in the setting where no cell collapses
     ),
     Status(
         "`fedrgd`",
@@ -134,6 +138,7 @@ STATUSES: tuple[Status, ...] = (
         "partly",
         ("ssfl-fig2", "Grouping-based solution", "Non-IID"),
         "Server-SL",
+        ("ssfl-fig2-steady",),
     ),
     Status("`fedsup`", "docs/fedsup.md", "not", ("fedsup-table6", "FedSup", "IID")),
     Status("`fedavg_simclr`, `fedavg_simsiam`, `fedavg_byol`", "docs/fedsup.md", "not"),
@@ -336,6 +341,11 @@ def ours(status: Status, written: str) -> str:
     text = f"{column} {shown(found.get((row, column)))}, paper {paper(rows[row].paper.get(column))}"
     if status.against is not None:
         text += f"; {status.against} {shown(found.get((status.against, column)))}"
+    for other in status.also:
+        found = cells(BLOCKS[other])
+        text += f"; {BLOCKS[other].label}: {shown(found.get((row, column)))}"
+        if status.against is not None:
+            text += f", {status.against} {shown(found.get((status.against, column)))}"
     return text
 
 

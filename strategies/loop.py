@@ -52,7 +52,7 @@ from tasks.checkpoint import (
     write_rows,
 )
 from tasks.settings import Settings, mapping
-from tasks.train import DEVICE_RECORD, derive_seed, device_name, torch_threads
+from tasks.train import DEVICE_RECORD, derive_seed, device_name, steps_per_round, torch_threads
 
 log = logging.getLogger("flwr.ssfl")  # a child of Flower's logger: streamed with the run
 
@@ -126,6 +126,7 @@ class RoundLoop(Strategy):
         self.nodes: dict[int, int] = {}
         self.node_partitions: dict[int, int] = {}
         self.own_data: set[int] = set()  # partitions whose node trains on its own folder
+        self.state_in_memory: set[int] = set()  # nodes whose clients' states stay in memory
         self.sampler = random.Random(derive_seed(self.settings.seed, "sampling"))
         self.config_json = json.dumps(mapping(self.settings), sort_keys=True)  # clients get it
         self.train_config = ConfigRecord()  # start's train_config: every client gets it
@@ -251,13 +252,34 @@ class RoundLoop(Strategy):
             return [self.train_message(c, self.nodes[p], [p]) for p, c in contents.items()]
         request = self.sum_request(server_round)
         out = []
-        for node, pids in zip(self.workers, cohort.assign(sampled, len(self.workers))):
+        shares = cohort.assign(sampled, len(self.workers), self.client_costs(sampled))
+        for node, pids in zip(self.workers, shares):
             if pids:
                 content = cohort.pack({p: contents[p] for p in pids})
                 if request is not None:
                     cohort.ask_for_sums(content, request)
                 out.append(self.train_message(content, node, pids))
         return out
+
+    def client_costs(self, sampled: list[int]) -> dict[int, float] | None:
+        """Each sampled client's expected work, its SGD steps this round (``client.local_steps``,
+        else its epochs over its images), for balancing a round over the cohort workers; None
+        (each client keeps worker p mod W) while any worker keeps its clients' states in its
+        context.state, which only that worker holds."""
+        if self.state_in_memory:
+            return None
+        half, split = self.settings.client, self.server.split
+        return {
+            pid: float(
+                steps_per_round(
+                    len(split.clients[pid]),
+                    half.batch_size,
+                    half.epochs,
+                    half.local_steps,
+                )
+            )
+            for pid in sampled
+        }
 
     def sum_request(self, server_round: int) -> cohort.SumRequest | None:
         """The partial sum the round's cohorts return (simulation.partial_sums): where the
@@ -466,6 +488,8 @@ class RoundLoop(Strategy):
             nodes[pid] = reply.metadata.src_node_id
             if metrics.get("own-data"):
                 self.own_data.add(pid)
+            if not metrics.get("state-on-disk"):
+                self.state_in_memory.add(pid)
         if not nodes:
             raise RuntimeError("no node answered the discovery query")
         return nodes

@@ -71,6 +71,38 @@ def test_a_client_keeps_its_worker_across_rounds():
     assert cohort.assign([3, 1], 3) == [[3], [1], []]
 
 
+def test_with_costs_a_round_is_balanced_longest_first():
+    equal = dict.fromkeys(range(10), 4.0)
+    assert cohort.assign(list(range(10)), 2, equal) == cohort.assign(list(range(10)), 2)
+    assert cohort.assign([0, 2, 4, 6, 7], 2, equal) == [[0, 4, 7], [2, 6]]  # not 4 and 1
+    costs = {0: 5.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 2.0}
+    assert cohort.assign(list(costs), 2, costs) == [[0], [1, 2, 3, 4]]
+    assert cohort.assign([3], 2, costs) == [[3], []]
+
+
+def clients_per_message(grid: InProcessGrid) -> list[int]:
+    """How many clients each cohort TRAIN message the grid got carried, in order."""
+    return [len(cohort.unpack(m.content)[0]) for m in grid.sent if cohort.is_cohort(m.content)]
+
+
+def test_clients_go_to_any_worker_only_when_every_worker_keeps_states_on_disk(tmp_path):
+    """2 of 3 clients a round on 2 workers: one client each when the states are in partition
+    folders (the per-client rows); without a folder a worker keeps its clients' states in its
+    context.state, so client p stays on worker p mod 2 (both on worker 0 when 0 and 2 are
+    sampled, as in rounds 2 and 3 of seed 1)."""
+    kept = {"seed": 1, "client": {"keep_momentum": True}}
+    raw = deep_merge(cohort_raw(tiny_raw("fedseal")), kept)
+    per_client = rows_of(deep_merge(tiny_raw("fedseal"), kept), 3)
+    on_disk = InProcessGrid(2, state_path=str(tmp_path / "client-state"))
+    rows, _ = run_method(raw, on_disk)
+    assert without_seconds(rows) == per_client
+    assert clients_per_message(on_disk) == [1] * 2 * len(rows)
+    in_memory = InProcessGrid(2)
+    rows, _ = run_method(raw, in_memory)
+    assert without_seconds(rows) == per_client
+    assert clients_per_message(in_memory) == [1, 1, 2, 2, 1, 1]
+
+
 def test_a_workers_state_keeps_each_client_under_its_own_prefix():
     worker = RecordDict()
     client_app.keep_client_state(worker, 3, RecordDict({"m": ConfigRecord({"a": 1})}))

@@ -37,8 +37,13 @@ def test_the_ssfl_benchmarks_readme_rows_show_the_server_alone_beside_ours(metho
         for line in (ROOT / "README.md").read_text().splitlines()
         if line.startswith(f"| `{method}`")
     ]
-    server = tables.cells(tables.BLOCKS["ssfl-fig2"])[("Server-SL", "Non-IID")]
-    assert row.endswith(f"; Server-SL {tables.shown(server)} |")
+    row_label = {"fedavg_with_server": "FedAvg solution", "fedrgd": "Grouping-based solution"}
+    long, steady = (tables.cells(tables.BLOCKS[b]) for b in ("ssfl-fig2", "ssfl-fig2-steady"))
+    server, ours = steady[("Server-SL", "Non-IID")], steady[(row_label[method], "Non-IID")]
+    assert f"; Server-SL {tables.shown(long[('Server-SL', 'Non-IID')])}; " in row
+    assert row.endswith(
+        f"; steady setting: {tables.shown(ours)}, Server-SL {tables.shown(server)} |"
+    )
 
 
 def copy(monkeypatch, tmp_path):
