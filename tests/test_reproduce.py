@@ -485,3 +485,29 @@ def test_the_table_says_which_commits_days_and_machines_made_its_cells():
         "AMD EPYC (AVX512, 2 threads) (1 cell), not recorded (1 cell)."
     )
     assert markdown(TABLES["fedseal-table1"], {}).splitlines()[-1].startswith("FedMatch is not")
+
+
+def test_the_dp_table_runs_each_rows_own_privacy_setting(tmp_path, monkeypatch):
+    """Rows of one experiment file differ by their own overrides (the noise multiplier per
+    epsilon, no DP); Server-SL's row has none; --set still comes last."""
+    ran = {}
+
+    def fake_run(settings, out, stream):
+        cfg = mapping(settings)
+        ran[out.parent.name] = cfg
+        return fake_results(0.5, 3, cfg)
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    pick = Pick(rows=("Server-SL", "FedSEAL without DP", "FedSEAL at epsilon 4"))
+    text = reproduce("dp-fmnist", tmp_path, 2, ["privacy.clipping_norm=2.0"], seeds=[0], pick=pick)
+    privacy = {name: cfg["privacy"] for name, cfg in ran.items()}
+    assert privacy["fedseal_without_dp-fashionmnist"]["mode"] == "none"
+    at4 = privacy["fedseal_at_epsilon_4-fashionmnist"]
+    assert (at4["mode"], at4["noise_multiplier"], at4["clipping_norm"]) == (
+        "server_fixed",
+        1.5,
+        2.0,
+    )
+    assert privacy["server_sl-fashionmnist"]["mode"] == "none"
+    assert len(ran) == 3 and "| FedSEAL at epsilon 8 | not run | - |" in text
