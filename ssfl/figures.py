@@ -61,7 +61,7 @@ def dot_plot(title: str, metric: str, lines: list[Line]) -> str:
         f"<title>{escape(title)}</title>",
         f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
         f'<text x="10" y="20" {FONT} font-weight="bold">{escape(title)}</text>',
-        *legend(),
+        *legend(any(line.paper is not None for line in lines)),
     ]
     bottom = TOP + ROW * len(lines)
     ticks = round((high - low) / step)
@@ -85,17 +85,20 @@ def dot_plot(title: str, metric: str, lines: list[Line]) -> str:
     return "\n".join(out) + "\n"
 
 
-def legend() -> list[str]:
-    """The key: ours (mean and one std, each seed) and the paper."""
+def legend(with_paper: bool = True) -> list[str]:
+    """The key: ours (mean and one std, each seed) and, where it has numbers, the paper."""
     y = 38
-    return [
+    ours = [
         f'<circle cx="16" cy="{y - 4}" r="4.5" fill="{OURS}"/>',
         f'<text x="26" y="{y}" {FONT}>ours: mean, bar = one std</text>',
         f'<circle cx="196" cy="{y - 4}" r="3.5" fill="none" stroke="{OURS}"/>',
         f'<text x="206" y="{y}" {FONT}>each seed</text>',
+    ]
+    paper = [
         f'<path d="{diamond(290, y - 4)}" fill="{PAPER}"/>',
         f'<text x="300" y="{y}" {FONT}>the paper</text>',
     ]
+    return ours + paper if with_paper else ours
 
 
 def row_marks(line: Line, y: float, x) -> list[str]:

@@ -218,13 +218,17 @@ def lift(cell: dict[str, Any], base: dict[str, Any]) -> str:
 def table_lines(block: Block) -> list[str]:
     """Ours beside the paper per column, then each three-seed row's lift over the baseline."""
     table, found = TABLES[block.table], cells(block)
-    head = " | ".join(f"{c} ours | {c} paper" for c in block.columns)
-    lines = [f"| {block.metric} | {head} |", "|---|" + "---|---|" * len(block.columns)]
+    # A table no paper has (ours only) has no paper columns.
+    papers = any(row.paper.get(c) is not None for row in table.rows for c in block.columns)
+    head = " | ".join(f"{c} ours" + (f" | {c} paper" if papers else "") for c in block.columns)
+    width = "---|---|" if papers else "---|"
+    lines = [f"| {block.metric} | {head} |", "|---|" + width * len(block.columns)]
     for row in table.rows:
         if not any((row.label, c) in found for c in block.columns):
             continue
         parts = [
-            f"{shown(found.get((row.label, c)))} | {paper(row.paper.get(c))}" for c in block.columns
+            shown(found.get((row.label, c))) + (f" | {paper(row.paper.get(c))}" if papers else "")
+            for c in block.columns
         ]
         lines.append(f"| {row.label} | " + " | ".join(parts) + " |")
     base = {r.label: r for r in table.rows}.get(block.baseline or table.baseline)
@@ -235,7 +239,7 @@ def table_lines(block: Block) -> list[str]:
         if not all(a and b and a["n"] > 1 and b["n"] > 1 for a, b in pairs):
             continue
         parts = [
-            f"{lift(a, b)} | {paper_lift(row.paper.get(c), base.paper.get(c))}"
+            lift(a, b) + (f" | {paper_lift(row.paper.get(c), base.paper.get(c))}" if papers else "")
             for (a, b), c in zip(pairs, block.columns, strict=True)
         ]
         lines.append(f"| {row.label} - {base.label} | " + " | ".join(parts) + " |")

@@ -146,3 +146,10 @@ def test_a_cell_the_table_does_not_have_is_refused(monkeypatch, tmp_path, capsys
     path.write_text(json.dumps(summary))
     assert tables.main(["--check"]) == 1
     assert "'Server-SI' (IID) is no cell of fedseal-table1" in capsys.readouterr().err
+
+
+def test_the_key_names_the_paper_only_when_a_line_has_its_number():
+    ours = figures.Line("ours only", (0.5, 0.6), 0.55, 0.07, None)
+    assert "the paper" not in figures.dot_plot("t", "m", [ours])
+    with_paper = figures.Line("beside the paper", (0.5,), 0.5, 0.0, 0.7)
+    assert "the paper" in figures.dot_plot("t", "m", [ours, with_paper])
