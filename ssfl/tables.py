@@ -100,7 +100,7 @@ BLOCKS: dict[str, Block] = {
         columns=("Non-IID",),
     ),
     "ssfl-fig2-steady": Block(
-        page="docs/log/ssfl-benchmark.md",
+        page="docs/ssfl-benchmark.md",
         table="ssfl-fig2",
         summaries=("ssfl-fig2-steady",),
         columns=("Non-IID",),
