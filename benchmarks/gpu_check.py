@@ -6,7 +6,8 @@ Every step has a time budget (and the whole check one); a step that fails or run
 of time is recorded in the JSON with its one-line reason, and the check goes on. Each
 step prints one summary line as it ends. ``--cpu`` runs the same steps on the CPU at
 tiny sizes (CI). ``--steps`` runs some steps only; ``--execution`` and ``--engine`` set the
-round and CIFAR steps' ``simulation.execution`` and ``augment.engine`` (an A/B of cohort
+round and CIFAR steps' ``simulation.execution`` and ``augment.engine`` (``--partial-sums``:
+and cohort mode's partial sums; an A/B of cohort
 execution and the sync-free augmentation on a GPU, against a default check's JSON).
 
     python -m benchmarks.gpu_check --json gpu-check.json [--cpu] [--methods a,b] [--keep DIR]
@@ -430,12 +431,14 @@ class Context:
     problems: list[str] | None = None
     execution: str = "per_client"  # the round and CIFAR steps' simulation.execution
     engine: str = ""  # and their augment.engine ("": the experiment's)
+    partial_sums: bool = False  # and, in cohort mode, simulation.partial_sums
     steps: tuple[str, ...] = ()  # the steps to run (empty: every one)
 
     def round_sets(self) -> tuple[str, ...]:
         """The ``--set`` options of the round and CIFAR runs' execution and engine."""
         engine = (f"augment.engine={self.engine}",) if self.engine else ()
-        return (f"simulation.execution={self.execution}", *engine)
+        sums = ("simulation.partial_sums=true",) if self.partial_sums else ()
+        return (f"simulation.execution={self.execution}", *engine, *sums)
 
     @property
     def device(self) -> str:
@@ -486,6 +489,7 @@ def check(ctx: Context, total_budget: float) -> dict[str, Any]:
         "mode": "cpu" if ctx.cpu else "gpu",
         "execution": ctx.execution,
         "engine": ctx.engine or "default",
+        "partial_sums": ctx.partial_sums,
         "started": time.time(),
     }
     steps: dict[str, Any] = {}
@@ -527,6 +531,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="augment.engine of the round and CIFAR steps (default: the experiment's)",
     )
     parser.add_argument(
+        "--partial-sums",
+        action="store_true",
+        help="simulation.partial_sums=true in the round and CIFAR steps (with --execution cohort)",
+    )
+    parser.add_argument(
         "--keep",
         metavar="DIR",
         help="keep every run's output under DIR (methods/<method>/, ...) instead of a "
@@ -565,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     with work_folder(args.keep) as work:
         ctx = Context(args.cpu, CPU if args.cpu else GPU, work, methods, problems=[])
         ctx.execution, ctx.engine, ctx.steps = args.execution, args.engine or "", steps
+        ctx.partial_sums = args.partial_sums
         report = check(ctx, args.budget or TOTAL_BUDGET_S["cpu" if args.cpu else "gpu"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

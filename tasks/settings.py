@@ -564,11 +564,13 @@ class SimulationSettings:
         rule=between(0, MAX_CLIENTS),
     )
     partial_sums: bool = setting(
-        True,
+        False,
         "cohort: where the aggregation is a plain mean (FedAvg, the SSFL benchmark's eq. 4-5; "
         "not with a robust `aggregate.rule`, privacy, or a round that evaluates "
         "`eval.local_models`), each worker returns one float64 sum of its clients' models "
-        "instead of every model (the same rows to float rounding); false: every model",
+        "instead of every model: less to send and decode (ResNet-18), but the sums round "
+        "in another order, and training amplifies a float32 step into other numbers than a "
+        "per-client run's within rounds; false: every model, the per-client numbers",
     )
 
 

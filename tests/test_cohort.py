@@ -180,21 +180,25 @@ def test_a_rejected_client_takes_its_workers_sum_with_it():
     assert stats.rejections == [(0, "summed in its worker with client 2's reply")]
 
 
+SUMS = {"simulation": {"partial_sums": True}}
+
+
 @pytest.mark.parametrize(
     "method, extra, sums",
     [
-        ("fedavg_fixmatch", {}, True),
-        ("fedavg_with_server", {}, True),
-        ("fedavg_fixmatch", {"simulation": {"partial_sums": False}}, False),
-        ("fedavg_fixmatch", {"aggregate": {"rule": "median"}}, False),
-        ("fedrgd", {}, False),
+        ("fedavg_fixmatch", SUMS, True),
+        ("fedavg_with_server", SUMS, True),
+        ("fedavg_fixmatch", {}, False),
+        ("fedavg_fixmatch", deep_merge(SUMS, {"aggregate": {"rule": "median"}}), False),
+        ("fedrgd", SUMS, False),
     ],
 )
 def test_cohorts_return_sums_where_the_mean_allows_and_the_rows_stay(
     monkeypatch, method, extra, sums
 ):
-    """Rows of a cohort run with partial sums equal the per-client run's, bytes and eq. 8's
-    diversity included, to float rounding (1e-9); a worker with one client sends its model."""
+    """Rows of a cohort run with partial sums (off by default) equal the per-client run's,
+    bytes and eq. 8's diversity included, to float rounding (1e-9) in these four tiny rounds;
+    a worker with one client sends its model."""
     attached: list[int] = []
     real = cohort.attach_sum
     monkeypatch.setattr(

@@ -150,13 +150,22 @@ def test_steps_execution_and_engine_reach_the_round_and_cifar_runs(tmp_path, mon
     monkeypatch.setattr(gpu_check, "ssfl_run", fake_run)
     out = tmp_path / "check.json"
     args = ["--cpu", "--steps", "round,cifar", "--execution", "cohort", "--engine", "batched"]
-    gpu_check.main([*args, "--json", str(out)])
+    gpu_check.main([*args, "--partial-sums", "--json", str(out)])
     report = json.loads(out.read_text())
     assert list(report["steps"]) == ["round", "cifar"]
-    assert (report["execution"], report["engine"]) == ("cohort", "batched")
+    assert (report["execution"], report["engine"], report["partial_sums"]) == (
+        "cohort",
+        "batched",
+        True,
+    )
     assert [name for name, _ in calls] == ["round", "cifar"]
+    wanted = {
+        "simulation.execution=cohort",
+        "augment.engine=batched",
+        "simulation.partial_sums=true",
+    }
     for _, sets in calls:
-        assert {"simulation.execution=cohort", "augment.engine=batched"} <= set(sets)
+        assert wanted <= set(sets)
 
 
 @pytest.mark.parametrize("args", [["--steps", "nope"], ["--steps", ","], ["--methods", "x"]])

@@ -280,7 +280,7 @@ def test_a_checkpoint_of_older_code_records_its_rounds_with_the_new_keys_default
     save_checkpoint(state, out / "checkpoint.pt")
     results = interrupted_results(out)
     assert results is not None and results["rounds_done"] == 2
-    assert results["config"]["simulation"]["partial_sums"] is True
+    assert results["config"]["simulation"]["partial_sums"] is False
     gone = {**old, "no_such_section": {"x": 1}}
     save_checkpoint({**state, "config": json.dumps(gone)}, out / "checkpoint.pt")
     assert interrupted_results(out) is None
