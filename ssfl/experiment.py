@@ -64,6 +64,8 @@ EXECUTION_KEYS = (
     "simulation.num_cpus",
     "simulation.num_gpus",
 )
+# Keys that act in cohort execution only: a per-client run's config compares without them.
+COHORT_KEYS = ("simulation.workers", "simulation.partial_sums")
 
 
 def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,7 +315,8 @@ def config_differences(recorded: Mapping[str, Any], settings: Settings) -> list[
 
     def comparable(c: Mapping[str, Any]) -> dict[str, Any]:
         flat = flatten(json.loads(json.dumps(c)))
-        return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS}
+        unused = COHORT_KEYS if flat.get("simulation.execution") != "cohort" else ()
+        return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS + unused}
 
     old, new = comparable(recorded), comparable(mapping(settings))
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))

@@ -92,6 +92,22 @@ def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
     assert not same_config(moved, settings_of(cfg))
 
 
+def test_cohort_only_keys_compare_only_in_cohort_runs():
+    """A per-client run made when partial sums were on by default is the same config; a
+    cohort run with them on is not (its sums round otherwise)."""
+    from ssfl.experiment import same_config
+
+    cfg = resolve_experiment("experiments/fmnist-las/fedseal.yaml", None, None, [])
+    older = json.loads(json.dumps(cfg))
+    older["simulation"].update(partial_sums=True, workers=3)
+    assert same_config(older, settings_of(cfg))
+    sets = ["simulation.execution=cohort"]
+    cohort = resolve_experiment("experiments/fmnist-las/fedseal.yaml", None, None, sets)
+    summed = json.loads(json.dumps(cohort))
+    summed["simulation"]["partial_sums"] = True
+    assert not same_config(summed, settings_of(cohort))
+
+
 def test_no_run_tables_the_finished_cells_only(tmp_path, monkeypatch):
     write_table_cells(tmp_path, ACCS)
     fedseal = next(r for r in TABLES["fedseal-table1"].rows if r.label == "FedSEAL")
