@@ -104,7 +104,7 @@ def test_each_tables_figure_marks_every_seed_mean_and_paper_number_of_its_cells(
     hollow = [c for c in circles if c.get("fill") == "none"]
     assert len(hollow) == seeds + 1  # and the legend's
     assert len(circles) - len(hollow) == len(found) + 1
-    assert len(svg.findall(f"{ns}path")) == papers + 1
+    assert len(svg.findall(f"{ns}path")) == papers + tables.has_paper(block)  # and the key's
     for circle in circles[2:]:  # the legend's two first
         assert figures.LABEL_WIDTH <= float(circle.get("cx")) <= figures.WIDTH - figures.RIGHT
     image = os.path.relpath(ROOT / "docs" / "img" / f"{name}.svg", (ROOT / block.page).parent)
@@ -153,3 +153,12 @@ def test_the_key_names_the_paper_only_when_a_line_has_its_number():
     assert "the paper" not in figures.dot_plot("t", "m", [ours])
     with_paper = figures.Line("beside the paper", (0.5,), 0.5, 0.0, 0.7)
     assert "the paper" in figures.dot_plot("t", "m", [ours, with_paper])
+
+
+def test_a_table_of_our_own_has_no_paper_columns_and_its_figure_no_paper_key():
+    block = tables.BLOCKS["dp-fmnist"]
+    assert not tables.has_paper(block)
+    lines = tables.table_lines(block)
+    assert lines[0] == "| final_test_accuracy | Fashion-MNIST ours |"
+    assert all(line.count("|") == 3 for line in lines)
+    assert "the paper" not in tables.figure_path("dp-fmnist").read_text()
