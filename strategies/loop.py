@@ -126,7 +126,7 @@ class RoundLoop(Strategy):
         self.nodes: dict[int, int] = {}
         self.node_partitions: dict[int, int] = {}
         self.own_data: set[int] = set()  # partitions whose node trains on its own folder
-        self.state_in_memory: set[int] = set()  # nodes whose clients' states stay in memory
+        self.state_in_memory: set[int] = set()  # partitions whose node keeps states in memory
         self.sampler = random.Random(derive_seed(self.settings.seed, "sampling"))
         self.config_json = json.dumps(mapping(self.settings), sort_keys=True)  # clients get it
         self.train_config = ConfigRecord()  # start's train_config: every client gets it
