@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from ssfl.runner import (
     descendants,
     federation_config,
     flwr_env,
+    free_port,
     run_config_arg,
     wait_until,
 )
@@ -162,6 +164,147 @@ def test_the_ray_head_starts_a_new_cluster_even_where_ray_would_join_one(monkeyp
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     ray_head.hold()
     assert [kw["address"] for kw in calls] == ["local"]
+
+
+def fake_ray(monkeypatch, errors, joins=()):
+    """A ``ray`` whose init raises ``errors`` one by one, then succeeds, and a head whose joins
+    of a timed-out start give ``joins`` one by one (None: joined); the calls made."""
+    calls, raising, joining = [], iter(errors), iter(joins)
+
+    def init(**kw):
+        calls.append(kw["address"])
+        error = next(raising, None)
+        if error is not None:
+            raise error
+
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(init=init, shutdown=lambda: None))
+    monkeypatch.setattr(ray_head, "join_started", lambda: calls.append("join") or next(joining))
+    monkeypatch.setattr(ray_head, "kill_descendants", lambda: calls.append("kill"))
+    return calls
+
+
+TIMEOUT = Exception(
+    "The current node timed out during startup. This could happen because some of the "
+    "raylet failed to startup or the GCS has become overloaded."
+)
+
+
+def test_a_timed_out_ray_start_is_joined_where_its_raylet_comes_up_late(monkeypatch, capsys):
+    calls = fake_ray(monkeypatch, [TIMEOUT], joins=[None])
+    assert ray_head.start_cluster() is False  # joined: the head stops the processes itself
+    assert calls == ["local", "join"]
+    assert capsys.readouterr().err == (
+        "ssfl.ray_head: Ray's start timed out (try 1 of 3); joining the cluster it started\n"
+    )
+
+
+def test_a_timed_out_ray_start_that_cannot_be_joined_is_killed_and_started_again(
+    monkeypatch, capsys
+):
+    calls = fake_ray(monkeypatch, [TIMEOUT, TIMEOUT], joins=["no raylet", "no raylet"])
+    assert ray_head.start_cluster() is True
+    assert calls == ["local", "join", "kill"] * 2 + ["local"]
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "ssfl.ray_head: Ray's start timed out (try 1 of 3); joining the cluster it started",
+        "ssfl.ray_head: could not join it (no raylet); stopping what it started",
+    ]
+
+
+def test_the_ray_head_gives_up_after_its_tries_and_at_once_on_any_other_error(monkeypatch):
+    calls = fake_ray(monkeypatch, [TIMEOUT] * 3, joins=["no raylet"] * 3)
+    with pytest.raises(RuntimeError, match=r"^Ray did not start in 3 tries: The current node"):
+        ray_head.start_cluster()
+    assert calls == ["local", "join", "kill"] * 3
+    calls = fake_ray(monkeypatch, [RuntimeError("port 6379 taken")])
+    with pytest.raises(RuntimeError, match="port 6379 taken"):
+        ray_head.start_cluster()
+    assert calls == ["local"]
+
+
+# The head with Ray's wait for its raylet made to run out on the first start (the clock jumps
+# 31 s at each look-up of the node while "fail" holds), the GCS and raylet really started.
+# argv[1]: "join" (the raylet is up: the head joins its start) or "restart" (the join is
+# refused: the start's processes are killed and Ray starts again). Prints what it killed
+# (processes before, left after), then whether the head owns the cluster, then serves it
+# as `python -m ssfl.ray_head` does.
+TIMED_OUT_HEAD = """
+import os, sys
+import ray._private.node as node
+import ray._private.services as services
+from ssfl import ray_head
+from ssfl.runner import descendants
+
+real_get_node, real_time, state = services.get_node, node.time, {"fail": True, "offset": 0.0}
+
+def get_node(*args, **kwargs):
+    if state["fail"]:
+        state["offset"] += 31.0
+        raise RuntimeError("not registered yet")
+    return real_get_node(*args, **kwargs)
+
+class Clock:
+    def __getattr__(self, name):
+        return getattr(real_time, name)
+    def monotonic(self):
+        return real_time.monotonic() + state["offset"]
+
+def join(join_started=ray_head.join_started):
+    state["fail"] = False
+    return "refused by the test" if sys.argv[1] == "restart" else join_started()
+
+def kill(kill_descendants=ray_head.kill_descendants):
+    started = descendants(os.getpid())
+    kill_descendants()
+    print("killed", len(started), len(set(started) & set(descendants(os.getpid()))), flush=True)
+
+services.get_node, node.time = get_node, Clock()
+ray_head.join_started, ray_head.kill_descendants = join, kill
+start_cluster = ray_head.start_cluster
+ray_head.start_cluster = lambda: print("owned", start_cluster(), flush=True) or False
+ray_head.hold()
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["join", "restart"])
+def test_a_timed_out_ray_start_serves_a_driver_and_leaves_nothing_behind(mode, tmp_path):
+    port = str(free_port())
+    env = {**os.environ, "RAY_GCS_SERVER_PORT": port, "RAY_ADDRESS": ""}
+    out = tmp_path / "head.out"
+    with out.open("w") as sink:
+        head = subprocess.Popen(
+            [sys.executable, "-c", TIMED_OUT_HEAD, mode],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        wait_until(lambda: "owned" in out.read_text(), head, "the head", out, timeout=120)
+        lines = [line for line in out.read_text().splitlines() if line.startswith(("owned", "k"))]
+        if mode == "join":
+            assert lines == ["owned False"]
+        else:
+            killed, left = (int(n) for n in lines[0].split()[1:])
+            assert killed >= 2 and left == 0  # at least the GCS and the raylet, all gone
+            assert lines[1:] == ["owned True"]
+        started = descendants(head.pid)
+        joined = subprocess.run(
+            [sys.executable, "-c", RAY_JOIN],
+            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        assert joined.stdout.split()[-1] == port
+        head.stdin.close()
+        assert head.wait(timeout=60) == 0, out.read_text()[-2000:]
+    finally:
+        head.kill()
+    time.sleep(0.5)
+    assert [pid for pid in started if alive(pid)] == []
 
 
 def test_a_dead_ray_head_fails_the_run_with_its_last_line(tmp_path):
