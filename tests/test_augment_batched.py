@@ -494,3 +494,20 @@ def test_the_speed_benchmark_times_both_paths_and_restores_the_cpus(monkeypatch)
     seconds = augment_speed.shape_seconds(1, 28, images=8, repeat=1)
     assert set(seconds) == {"kornia", "batched", "batched_masked"}
     assert all(s > 0 for s in seconds.values())
+
+
+def test_the_statistics_benchmark_compares_every_view_of_both_engines():
+    from benchmarks import augment_stats
+
+    result = augment_stats.measure("synthetic28", images=64, repeat=2, seed=0)
+    ops = augment_stats.OP_NAMES[: B.num_ops(1)]
+    assert list(result["views"]) == [*ops, "weak", "strong"]
+    for stats in result["views"].values():
+        assert set(stats) == set(augment_stats.STATS)
+        assert all(set(v) == {"kornia", "batched", "z"} for v in stats.values())
+    identity = result["views"]["identity"]
+    assert identity["mean_abs_change"] == {"kornia": 0.0, "batched": 0.0, "z": 0.0}
+    assert result["views"]["strong"]["mean_abs_change"]["batched"] > 0.05
+    z, view, stat = augment_stats.largest_z(result)
+    assert z == abs(result["views"][view][stat]["z"])
+    assert "largest |z|" in augment_stats.report(result).splitlines()[-1]
