@@ -5,7 +5,8 @@ a ResNet-18 cell at CIFAR-10 sizes. Writes one JSON (``scripts/gpu-check.sh`` wr
 Every step has a time budget (and the whole check one); a step that fails or runs out
 of time is recorded in the JSON with its one-line reason, and the check goes on. Each
 step prints one summary line as it ends. ``--cpu`` runs the same steps on the CPU at
-tiny sizes (CI). ``--steps`` runs some steps only; ``--execution`` and ``--engine`` set the
+tiny sizes (CI). ``--steps`` runs some steps only (``stacked``, a round's clients trained
+at once against one after another, only where it is named); ``--execution`` and ``--engine`` set the
 round and CIFAR steps' ``simulation.execution`` and ``augment.engine`` (``--partial-sums``:
 and cohort mode's partial sums; an A/B of cohort
 execution and the sync-free augmentation on a GPU, against a default check's JSON).
@@ -104,7 +105,14 @@ GPU = Sizes(
     cifar_rounds=3,
     cifar_steps=16,
     cifar_batch=64,
-    budgets={"environment": 20, "methods": 240, "training_step": 40, "round": 75, "cifar": 95},
+    budgets={
+        "environment": 20,
+        "methods": 240,
+        "training_step": 40,
+        "round": 75,
+        "cifar": 95,
+        "stacked": 60,
+    },
     jobs=4,  # an H200 box has 16 cores: four runs start at once (each ~55 s of start-up)
 )
 CPU = Sizes(
@@ -122,7 +130,14 @@ CPU = Sizes(
     cifar_rounds=2,
     cifar_steps=1,
     cifar_batch=8,
-    budgets={"environment": 60, "methods": 900, "training_step": 180, "round": 180, "cifar": 300},
+    budgets={
+        "environment": 60,
+        "methods": 900,
+        "training_step": 180,
+        "round": 180,
+        "cifar": 300,
+        "stacked": 120,
+    },
     jobs=1,  # CI's 2 cores run two tests at once already: more Ray starts time out
 )
 # Seconds for the whole check: on a GPU within 8 minutes (the check's promise); on a CPU
@@ -418,6 +433,28 @@ def training_step(ctx: Context) -> dict[str, Any]:
     return {"steps": s.steps, "cases": out}
 
 
+# ----- K clients trained at once (optional) ----------------------------------------------
+def stacked_clients(ctx: Context) -> dict[str, Any]:
+    """A round's clients (``round_clients``) of GroupNorm models, the small CNN at its batch
+    and ResNet-18 at the CIFAR cell's, trained one after another against all at once with
+    stacked weights (benchmarks/gpu_step.py: ``stacked_case``): whether a cohort worker
+    would gain by training its clients together. Not in the default check (``--steps
+    stacked``)."""
+    from benchmarks.gpu_step import stacked_case
+
+    s = ctx.sizes
+    cases = [("small_cnn", "synthetic28", s.cnn_batch), ("resnet18", "synthetic32", s.cifar_batch)]
+    deadline = time.monotonic() + ctx.budget
+    out = []
+    for model_name, dataset, batch in cases:
+        if time.monotonic() > deadline:
+            out.append({"model": model_name, "status": "skipped"})
+            continue
+        out.append(stacked_case(model_name, dataset, batch, s.round_clients, s.steps, ctx.device))
+        log(f"  {model_name} x {s.round_clients} clients: {out[-1]}")
+    return {"steps": s.steps, "cases": out}
+
+
 # ----- The check -----------------------------------------------------------------------
 @dataclass
 class Context:
@@ -452,6 +489,8 @@ STEPS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "round": round_time,
     "cifar": cifar_cell,
 }
+# Steps run only where ``--steps`` names them.
+EXTRA_STEPS: dict[str, Callable[[Context], dict[str, Any]]] = {"stacked": stacked_clients}
 
 
 def run_step(name: str, fn: Callable[[Context], dict[str, Any]], ctx: Context) -> dict[str, Any]:
@@ -493,8 +532,8 @@ def check(ctx: Context, total_budget: float) -> dict[str, Any]:
         "started": time.time(),
     }
     steps: dict[str, Any] = {}
-    for name, fn in STEPS.items():
-        if ctx.steps and name not in ctx.steps:
+    for name, fn in {**STEPS, **EXTRA_STEPS}.items():
+        if name not in (ctx.steps or STEPS):
             continue
         ctx.budget = min(ctx.sizes.budgets[name], deadline - time.monotonic())
         if ctx.budget < 5:
@@ -518,7 +557,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget", type=float, help="seconds for the whole check (default 470; --cpu 1500)"
     )
-    parser.add_argument("--steps", help=f"comma-separated steps (default: all of {list(STEPS)})")
+    parser.add_argument(
+        "--steps",
+        help=f"comma-separated steps (default: all of {list(STEPS)}; also {list(EXTRA_STEPS)})",
+    )
     parser.add_argument(
         "--execution",
         choices=EXECUTIONS,
@@ -566,10 +608,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: error: unknown methods {unknown}", file=sys.stderr)
         return 2
     steps = tuple(s.strip() for s in (args.steps or "").split(",") if s.strip())
-    if sorted(set(steps) - set(STEPS)) or (args.steps is not None and not steps):
-        print(
-            f"gpu-check: error: --steps {args.steps!r}: choose from {list(STEPS)}", file=sys.stderr
-        )
+    known = [*STEPS, *EXTRA_STEPS]
+    if sorted(set(steps) - set(known)) or (args.steps is not None and not steps):
+        print(f"gpu-check: error: --steps {args.steps!r}: choose from {known}", file=sys.stderr)
         return 2
     with work_folder(args.keep) as work:
         ctx = Context(args.cpu, CPU if args.cpu else GPU, work, methods, problems=[])

@@ -15,6 +15,8 @@ second, after a warm-up.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -211,3 +213,98 @@ def compiled_client_rate(
         return client_rate(model, dataset, batch, amp, steps, device, "reduce-overhead")[0], None
     except Exception as err:  # a compiler failure is recorded, not fatal
         return None, str(err).strip().splitlines()[0][:200]
+
+
+# ----- K clients at once --------------------------------------------------------------------
+def gn_nets(model: str, dataset: str, clients: int, device: str) -> list[torch.nn.Module]:
+    """``clients`` GroupNorm models of ``model`` (as the SSFL benchmark's cells), each its own
+    initial weights, on ``device``."""
+    settings = experiment(model, dataset, 2, "off", 1, device)
+    info = dataset_info(settings.dataset.name)
+    model_settings = dataclasses.replace(settings.model, norm="gn", channels_last=False)
+    return [model_for(model_settings, info).to(device).train() for _ in range(clients)]
+
+
+def client_batches(
+    clients: int, batch: int, dataset: str, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y): every client's fixed batch of both views' size, stacked: (K, 2B, C, H, W)
+    and (K, 2B)."""
+    info = dataset_info(dataset)
+    shape = (clients, 2 * batch, info.channels, info.image_size, info.image_size)
+    x = torch.rand(*shape, device=device)
+    return x, torch.randint(0, info.num_classes, (clients, 2 * batch), device=device)
+
+
+def sequential_steps(
+    nets: list[torch.nn.Module], x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
+    """One plain SGD step of every client, one after another (cohort execution today)."""
+    optimizers = [make_sgd(net.parameters(), LR, 0.9, 0.0) for net in nets]
+
+    def step() -> None:
+        for k, (net, opt) in enumerate(zip(nets, optimizers, strict=True)):
+            loss = F.cross_entropy(net(x[k]), y[k])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    return step
+
+
+def stacked_steps(
+    nets: list[torch.nn.Module], x: torch.Tensor, y: torch.Tensor
+) -> tuple[Callable[[], None], dict[str, torch.Tensor]]:
+    """The same steps with the clients' weights stacked and trained at once: one forward and
+    backward of all K models (``torch.func``: ``vmap`` of the gradient over the stacked
+    parameters and the clients' batches) and one SGD step over the stacks (SGD is per
+    element: each client's slice moves as its own optimizer would move it). GroupNorm
+    only: BatchNorm's running statistics are buffers that ``vmap`` cannot update in place.
+    The step, and the stacked parameters it trains."""
+    from torch.func import functional_call, grad, stack_module_state, vmap
+
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in nets[0].modules()):
+        raise ValueError("stacked clients need GroupNorm models (BatchNorm keeps buffers)")
+    params, buffers = stack_module_state(nets)
+    template = copy.deepcopy(nets[0]).to("meta")
+
+    def loss_of(p, b, xk, yk) -> torch.Tensor:
+        return F.cross_entropy(functional_call(template, (p, b), (xk,)), yk)
+
+    gradients = vmap(grad(loss_of), randomness="different")
+    opt = make_sgd(params.values(), LR, 0.9, 0.0)
+
+    def step() -> None:
+        for p, g in zip(params.values(), gradients(params, buffers, x, y).values(), strict=True):
+            p.grad = g
+        opt.step()
+
+    return step, params
+
+
+def stacked_case(
+    model: str, dataset: str, batch: int, clients: int, steps: int, device: str
+) -> dict[str, Any]:
+    """Images/s (both views) of K GroupNorm clients' plain steps one after another, and with
+    their weights stacked and trained at once (:func:`stacked_steps`), after a warm-up: what
+    training a cohort's clients together would gain over the sequential cohort."""
+    rates = {}
+    makers = {
+        "sequential": sequential_steps,
+        "stacked": lambda nets, x, y: stacked_steps(nets, x, y)[0],
+    }
+    for name, make in makers.items():
+        nets = gn_nets(model, dataset, clients, device)
+        step = make(nets, *client_batches(clients, batch, dataset, device))
+        for _ in range(2):
+            step()
+        rates[name] = clients * timed_rate(step, batch, steps, device)
+    return {
+        "model": model,
+        "norm": "gn",
+        "batch": batch,
+        "clients": clients,
+        "sequential_images_per_s": significant(rates["sequential"]),
+        "stacked_images_per_s": significant(rates["stacked"]),
+        "stacked_over_sequential": round(rates["stacked"] / rates["sequential"], 3),
+    }

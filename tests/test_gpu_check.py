@@ -235,3 +235,57 @@ def test_the_compiled_client_is_timed_on_a_gpu_only_and_a_compiler_failure_is_re
     monkeypatch.setattr(gpu_step, "client_rate", fails)
     rate = gpu_step.compiled_client_rate("small_cnn", "synthetic28", 8, "off", 2, "cuda")
     assert rate == (None, "inductor: no C++ compiler") and asked == ["reduce-overhead"]
+
+
+def test_stacked_clients_train_as_each_client_would_alone():
+    """K GroupNorm models trained at once with stacked weights move as K optimizers would
+    move them one after another (same start, same batches, three SGD steps with momentum)."""
+    import copy
+
+    import torch
+
+    from benchmarks.gpu_step import client_batches, gn_nets, sequential_steps, stacked_steps
+
+    torch.manual_seed(0)
+    nets = gn_nets("small_cnn", "synthetic28", 3, "cpu")
+    alone = copy.deepcopy(nets)
+    x, y = client_batches(3, 4, "synthetic28", "cpu")
+    one_by_one = sequential_steps(alone, x, y)
+    at_once, stacked = stacked_steps(nets, x, y)
+    start = {name: p.detach().clone() for name, p in stacked.items()}
+    for _ in range(3):
+        one_by_one()
+        at_once()
+    for name, p in stacked.items():
+        expected = torch.stack([dict(net.named_parameters())[name] for net in alone])
+        assert p.shape[0] == 3
+        assert torch.allclose(p, expected, atol=1e-6, rtol=0), name
+    assert all(not torch.equal(stacked[n], start[n]) for n in stacked if n.endswith("weight"))
+
+
+def test_stacked_clients_refuse_batchnorm_models_in_one_line():
+    from benchmarks.gpu_step import client_batches, stacked_steps
+
+    nets = [model_for(ModelSettings(name="small_cnn"), dataset_info("synthetic28"))]
+    with pytest.raises(ValueError, match=r"^stacked clients need GroupNorm models"):
+        stacked_steps(nets, *client_batches(1, 2, "synthetic28", "cpu"))
+
+
+@pytest.mark.slow  # trains three ResNet-18s twice over (about 9 s on two cores)
+def test_the_stacked_step_runs_only_where_named_and_reports_both_rates(tmp_path):
+    from benchmarks import gpu_check
+
+    out = tmp_path / "check.json"
+    assert gpu_check.main(["--cpu", "--steps", "stacked", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report["steps"]) == ["stacked"]
+    cases = report["steps"]["stacked"]["cases"]
+    assert [(c["model"], c["clients"], c["norm"]) for c in cases] == [
+        ("small_cnn", CPU.round_clients, "gn"),
+        ("resnet18", CPU.round_clients, "gn"),
+    ]
+    for c in cases:
+        assert c["sequential_images_per_s"] > 0 and c["stacked_images_per_s"] > 0
+        ratio = c["stacked_images_per_s"] / c["sequential_images_per_s"]
+        assert abs(c["stacked_over_sequential"] - ratio) < 0.01
+    assert "stacked" not in gpu_check.STEPS  # the default check leaves it out
