@@ -527,3 +527,33 @@ def test_the_dp_table_runs_each_rows_own_privacy_setting(tmp_path, monkeypatch):
     )
     assert privacy["server_sl-fashionmnist"]["mode"] == "none"
     assert len(ran) == 3 and "| FedSEAL at epsilon 8 | not run | - |" in text
+
+
+def test_the_dp_tables_clipping_rows_separate_the_clipping_from_the_noise(tmp_path, monkeypatch):
+    """Clipping only: C = 1.0 and no noise; epsilon 8 (z = 1.0) at C = 0.1 and 0.01."""
+    ran = {}
+
+    def fake_run(settings, out, stream):
+        ran[out.parent.name] = mapping(settings)["privacy"]
+        return fake_results(0.5, 3, mapping(settings))
+
+    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    rows = [r.label for r in TABLES["dp-fmnist"].rows if r.label.startswith("FedSEAL")]
+    assert rows == [
+        "FedSEAL without DP",
+        "FedSEAL at epsilon 8",
+        "FedSEAL at epsilon 4",
+        "FedSEAL at epsilon 1",
+        "FedSEAL clipping only",
+        "FedSEAL at epsilon 8 with C = 0.1",
+        "FedSEAL at epsilon 8 with C = 0.01",
+    ]
+    pick = Pick(rows=tuple(rows[4:]))
+    reproduce("dp-fmnist", tmp_path, 2, [], seeds=[0], pick=pick)
+    got = {name: (p["mode"], p["noise_multiplier"], p["clipping_norm"]) for name, p in ran.items()}
+    assert got == {
+        "fedseal_clipping_only-fashionmnist": ("server_fixed", 0.0, 1.0),
+        "fedseal_at_epsilon_8_with_c0.1-fashionmnist": ("server_fixed", 1.0, 0.1),
+        "fedseal_at_epsilon_8_with_c0.01-fashionmnist": ("server_fixed", 1.0, 0.01),
+    }
