@@ -58,11 +58,9 @@ def precheck(args: argparse.Namespace) -> None:
 
 
 def report(results: dict[str, Any], out: Path) -> None:
-    print(
-        f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
-        f"best_test_accuracy {results['best_test_accuracy']:.4f}  "
-        f"wall_seconds {results['wall_seconds']:.1f}  -> {out / 'results.json'}"
-    )
+    from ssfl.progress import results_line
+
+    print(results_line(results, out / "results.json"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

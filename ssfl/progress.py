@@ -38,6 +38,17 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
 
 
+def results_line(results: dict[str, Any], path: Path) -> str:
+    """A finished run's line: ``final_test_accuracy 0.8240  best_test_accuracy 0.8360
+    wall_seconds 10.2  -> PATH`` (``ssfl run``'s last line, each cell's in ``ssfl reproduce``
+    and ``ssfl sweep``)."""
+    return (
+        f"final_test_accuracy {results['final_test_accuracy']:.4f}  "
+        f"best_test_accuracy {results['best_test_accuracy']:.4f}  "
+        f"wall_seconds {results['wall_seconds']:.1f}  -> {path}"
+    )
+
+
 def progress_line(row: Row, total: int | None, seconds: Sequence[float]) -> str:
     """One round's line: ``round 3/50  test_accuracy 0.8123  12.3 s/round  9m 38s left``;
     ``seconds``: the round times seen so far (their mean estimates the time left);

@@ -26,6 +26,7 @@ from ssfl.experiment import (
     resolve_experiment,
     reusable_run,
 )
+from ssfl.progress import results_line
 from ssfl.registry import settings_of
 from ssfl.runner import run_simulation
 from tasks.config import ConfigError
@@ -440,8 +441,13 @@ def run_cell(
     check_data(settings)
     print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
     if action == "resume":
-        return run_simulation(settings, out, stream=False, resume=True)
-    return run_simulation(settings, out, stream=False)
+        results = run_simulation(settings, out, stream=False, resume=True)
+    else:
+        results = run_simulation(settings, out, stream=False)
+    print(
+        f"ssfl reproduce: {label}: {results_line(results, out / 'results.json')}", file=sys.stderr
+    )
+    return results
 
 
 Results = dict[tuple[str, str], dict[int | None, dict[str, Any]]]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
+from ssfl.progress import results_line
 from ssfl.registry import settings_of
 from tasks.config import ConfigError, parse_scalar
 from tasks.results import markdown_table, plot_curves, plot_sweep
@@ -68,8 +69,11 @@ def run_or_reuse(settings: Settings, out: Path, label: str, action: str) -> dict
         return reusable_run(out, settings)
     print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
     if action == "resume":
-        return run_simulation(settings, out, stream=False, resume=True)
-    return run_simulation(settings, out, stream=False)
+        results = run_simulation(settings, out, stream=False, resume=True)
+    else:
+        results = run_simulation(settings, out, stream=False)
+    print(f"ssfl sweep: {label}: {results_line(results, out / 'results.json')}", file=sys.stderr)
+    return results
 
 
 def cell_action(settings: Settings, out: Path, folders: CellFolders) -> str:

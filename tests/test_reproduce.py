@@ -24,6 +24,7 @@ def fake_results(acc: float, rounds: int = 3, config: dict | None = None) -> dic
         "rounds": rows,
         "final_test_accuracy": acc,
         "best_test_accuracy": acc,
+        "wall_seconds": 12.5,
         "config": config or {},
     }
 
@@ -529,7 +530,9 @@ def test_the_dp_table_runs_each_rows_own_privacy_setting(tmp_path, monkeypatch):
     assert len(ran) == 3 and "| FedSEAL at epsilon 8 | not run | - |" in text
 
 
-def test_the_dp_tables_clipping_rows_separate_the_clipping_from_the_noise(tmp_path, monkeypatch):
+def test_the_dp_tables_clipping_rows_separate_the_clipping_from_the_noise(
+    tmp_path, monkeypatch, capsys
+):
     """Clipping only: C = 1.0 and no noise; epsilon 8 (z = 1.0) at C = 0.1 and 0.01."""
     ran = {}
 
@@ -557,3 +560,9 @@ def test_the_dp_tables_clipping_rows_separate_the_clipping_from_the_noise(tmp_pa
         "fedseal_at_epsilon_8_with_c0.1-fashionmnist": ("server_fixed", 1.0, 0.1),
         "fedseal_at_epsilon_8_with_c0.01-fashionmnist": ("server_fixed", 1.0, 0.01),
     }
+    where = tmp_path / "fedseal_clipping_only-fashionmnist" / "seed0"
+    assert capsys.readouterr().err.splitlines()[:2] == [  # each cell: its start and its end
+        f"ssfl reproduce: FedSEAL clipping only -> {where}",
+        "ssfl reproduce: FedSEAL clipping only: final_test_accuracy 0.5000  "
+        f"best_test_accuracy 0.5000  wall_seconds 12.5  -> {where / 'results.json'}",
+    ]
