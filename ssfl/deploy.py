@@ -20,6 +20,7 @@ from typing import Any
 
 from ssfl.certs import make_certificates, make_node_key
 from ssfl.lifecycle import owned_temp_dir, record_interruption
+from ssfl.run_lock import holding_out
 from ssfl.runner import (
     APP_DIR,
     SUPERLINK_READY_S,
@@ -232,7 +233,7 @@ def run_deployment(
             "SuperNode trains one client (set per_client)"
         )
     out = Path(out).resolve()
-    with record_interruption(out):
+    with holding_out(out), record_interruption(out):
         return deploy(settings, out, node_data, stream, app_dir, resume)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from flwr.supercore.differential_privacy import compute_adaptive_noise_params
 
 from ssfl.registry import METHODS, method
+from ssfl.run_lock import busy_out, running_pid
 from tasks.checkpoint import CHECKPOINT_FILE
 from tasks.config import (
     DEFAULTS,
@@ -420,12 +421,21 @@ def held_run(out: Path) -> str | None:
     return None
 
 
+def check_not_running(out: Path, what: str = "--out") -> None:
+    """A one-line ConfigError when a run goes on in ``out`` (another command holds its lock:
+    ssfl.run_lock.holding_out), whatever --resume or --overwrite say."""
+    pid = running_pid(out)
+    if pid is not None:
+        raise ConfigError(busy_out(out, pid, what))
+
+
 def check_out(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse, in one line, an ``--out`` that cannot be a folder, or that holds a run when
     neither ``resume`` nor ``overwrite`` says what to do with it."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other; give one")
     check_out_path(out)
+    check_not_running(out)
     held = held_run(out)
     if held is not None and not resume and not overwrite:
         raise ConfigError(
@@ -448,6 +458,7 @@ class CellFolders:
         """'resume' or 'run' for a cell whose folder holds no reusable run of ``settings``; a
         one-line ConfigError when it holds another run and no flag says what to do."""
         check_out_path(out)
+        check_not_running(out, "cell folder")
         held = held_run(out)
         if held is None or self.overwrite:
             return "run"

@@ -38,6 +38,7 @@ from ssfl.lifecycle import (
     run_tag,
     stop_grace,
 )
+from ssfl.run_lock import holding_out
 from tasks.settings import Settings, mapping
 
 # Names only; tasks.checkpoint would import torch, which the CLI imports after it has
@@ -577,7 +578,7 @@ def run_simulation(
     share = check_run_device(settings, gpu_count())  # a refused device starts nothing
     link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
-    with record_interruption(out):
+    with holding_out(out), record_interruption(out):
         try:
             exp = write_resolved(settings, out)
             prepare_out(out, resume)

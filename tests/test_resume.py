@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -221,3 +222,60 @@ def test_a_checkpoint_holding_its_rows_as_json_text_still_resumes(tmp_path):
 
     rows = [{"round": 1, "test_accuracy": 0.5}, {"round": 2, "test_accuracy": 0.625}]
     assert checkpoint_rows(tmp_path / "checkpoint.pt", {"rows": json.dumps(rows)}) == rows
+
+
+# Holds the run lock of the folder in argv[1] (as `ssfl run` does while its run goes on),
+# prints "held", and keeps it until its stdin closes.
+HOLDER = """
+import sys
+from pathlib import Path
+from ssfl.run_lock import holding_out
+with holding_out(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_folder_whose_run_goes_on_is_refused_whatever_the_flags(tmp_path):
+    """Another command's run in --out (its lock held): ssfl run, reproduce and sweep refuse it
+    in one line naming its pid, with --resume and --overwrite too; once it ends, the folder
+    is free again (the kernel drops the lock, however the holder ended)."""
+    from ssfl.experiment import REFUSE, CellFolders, check_out
+    from ssfl.run_lock import holding_out, running_pid
+    from tasks.config import ConfigError
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert running_pid(out) == holder.pid
+        line = re.escape(f"{out} holds a run that is going on (pid {holder.pid}); wait for it")
+        for resume, overwrite in ((False, False), (True, False), (False, True)):
+            with pytest.raises(ConfigError, match=f"^--out {line}"):
+                check_out(out, resume, overwrite)
+        settings = settings_of_fedseal()
+        for folders in (REFUSE, CellFolders(resume=True), CellFolders(overwrite=True)):
+            with pytest.raises(ConfigError, match=f"^cell folder {line}"):
+                folders.action(out, settings)
+        with pytest.raises(ConfigError, match=f"^--out {line}"), holding_out(out):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert running_pid(out) is None
+    check_out(out, False, False)
+    with holding_out(out):
+        assert running_pid(out) == os.getpid()
+    assert running_pid(out) is None
+
+
+def settings_of_fedseal():
+    from ssfl.registry import settings_of
+
+    return settings_of(resolve_experiment(ROOT / "experiments/quickstart.yaml"))
