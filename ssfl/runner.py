@@ -578,24 +578,25 @@ def run_simulation(
     share = check_run_device(settings, gpu_count())  # a refused device starts nothing
     link = LocalSuperLink.booting() if link is None else link
     out = Path(out).resolve()
-    with holding_out(out), record_interruption(out):
+    with record_interruption(out):
         try:
-            exp = write_resolved(settings, out)
-            prepare_out(out, resume)
-            link.wait_ready()
-            return submit_run(
-                "local",
-                link.env,
-                exp,
-                out,
-                extra=["--federation-config", federation_config(settings, share)],
-                stream=stream,
-                app_dir=app_dir,
-                watch=link.check,
-                resume=resume,
-                client_state=str(out / CLIENT_STATE_DIR),
-                loggers=loggers,
-            )
+            with holding_out(out):  # refused: the link booted for this run still closes
+                exp = write_resolved(settings, out)
+                prepare_out(out, resume)
+                link.wait_ready()
+                return submit_run(
+                    "local",
+                    link.env,
+                    exp,
+                    out,
+                    extra=["--federation-config", federation_config(settings, share)],
+                    stream=stream,
+                    app_dir=app_dir,
+                    watch=link.check,
+                    resume=resume,
+                    client_state=str(out / CLIENT_STATE_DIR),
+                    loggers=loggers,
+                )
         finally:
             link.close(out)
 

@@ -279,3 +279,34 @@ def settings_of_fedseal():
     from ssfl.registry import settings_of
 
     return settings_of(resolve_experiment(ROOT / "experiments/quickstart.yaml"))
+
+
+def test_a_run_refused_by_a_held_folder_still_closes_the_superlink_it_was_given(tmp_path):
+    """Another command took the folder between the checks and the run: run_simulation
+    refuses it in one line and closes the SuperLink (and Ray head) booted for it."""
+    from types import SimpleNamespace
+
+    from ssfl.run_lock import holding_out
+    from tasks.config import ConfigError
+
+    out = tmp_path / "run"
+    closed: list[Path] = []
+    link = SimpleNamespace(close=closed.append)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="holds a run that is going on"):
+            runner.run_simulation(settings_of_fedseal(), out, link=link)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert closed == [out.resolve()]
+    assert not (out / "config.yaml").exists()  # nothing written under the other run
+    with holding_out(out):
+        pass
