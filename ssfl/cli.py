@@ -182,6 +182,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             seeds,
             cell_folders(args),
             pick,
+            args.jobs,
         )
         print(text)
     except RunFailed as err:
@@ -206,6 +207,24 @@ def add_cell_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="rerun cells that hold another or unfinished run"
     )
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="cells run at once, each in a process of its own (default 1: one after another)",
+    )
+
+
+def positive_int(text: str) -> int:
+    """argparse type of --jobs: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -214,7 +233,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     try:
         grid, sets = args.set_grid, args.set or []
-        print(sweep(args.experiment, grid, sets, args.rounds, Path(args.out), cell_folders(args)))
+        folders = cell_folders(args)
+        print(sweep(args.experiment, grid, sets, args.rounds, Path(args.out), folders, args.jobs))
     except RunFailed as err:
         print(f"ssfl: sweep failed: {err}", file=sys.stderr)
         return 1

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ssfl.cells import Cell, run_cells
 from ssfl.experiment import (
     APP_DIR,
     REFUSE,
@@ -26,9 +26,7 @@ from ssfl.experiment import (
     resolve_experiment,
     reusable_run,
 )
-from ssfl.progress import results_line
 from ssfl.registry import settings_of
-from ssfl.runner import run_simulation
 from tasks.config import ConfigError
 from tasks.results import plot_curves
 
@@ -420,34 +418,23 @@ def cell_dir(out: Path, row: Row, column: str) -> Path:
     return out / f"{slug}-{column.lower().replace('-', '')}"
 
 
-def run_cell(
+def plan_cell(
     experiment: str,
     label: str,
     overrides: list[str],
     rounds: int | None,
     out: Path,
-    run: bool = True,
     folders: CellFolders = REFUSE,
-) -> dict[str, Any] | None:
-    """The cell's results: reused when made with the same config, else run, resumed or
-    refused as ``folders`` says (None: not run)."""
+) -> dict[str, Any] | Cell:
+    """The cell's results when ``out`` holds a completed run of its config, else the run
+    to make: started afresh or resumed as ``folders`` says (a one-line ConfigError when
+    ``out`` holds another run)."""
     settings = settings_of(resolve_experiment(experiment, rounds, None, overrides))
     previous = reusable_run(out, settings)
-    if previous is not None or not run:
+    if previous is not None:
         return previous
     action = folders.action(out, settings)
-    if folders.check_only:
-        return None
-    check_data(settings)
-    print(f"ssfl reproduce: {label} -> {out}", file=sys.stderr)
-    if action == "resume":
-        results = run_simulation(settings, out, stream=False, resume=True)
-    else:
-        results = run_simulation(settings, out, stream=False)
-    print(
-        f"ssfl reproduce: {label}: {results_line(results, out / 'results.json')}", file=sys.stderr
-    )
-    return results
+    return Cell("reproduce", label, settings, out, resume=action == "resume")
 
 
 Results = dict[tuple[str, str], dict[int | None, dict[str, Any]]]
@@ -823,6 +810,7 @@ def reproduce(
     seeds: list[int] | None = None,
     folders: CellFolders = REFUSE,
     pick: Pick = ALL,
+    jobs: int = 1,
 ) -> str:
     """Run (or reuse) every cell of a table; write table.md and accuracy.png into ``out``.
 
@@ -831,16 +819,14 @@ def reproduce(
     tables (the same cells, another metric) follow in table.md. With ``seeds`` every cell
     runs once per seed (in ``seed{S}`` folders), the table shows mean ± std over the seeds
     and ``seeds.json`` holds the numbers. A cell folder holding another run is refused
-    before anything runs, unless ``folders`` says to resume or replace it.
+    before anything runs, unless ``folders`` says to resume or replace it; ``jobs``: cells
+    run at once, each in a process of its own (:mod:`ssfl.cells`).
     """
     folder = experiments_folder(TABLES[name], dataset)
     table = rows_in(TABLES[name], dataset)
     pick.check(table)
-    if run:
-        check = CellFolders(folders.resume, folders.overwrite, check_only=True)
-        table_results(table, out, rounds, sets, run, folder, seeds, check, pick)
+    results = table_results(table, out, rounds, sets, run, folder, seeds, folders, pick, jobs)
     out.mkdir(parents=True, exist_ok=True)
-    results = table_results(table, out, rounds, sets, run, folder, seeds, folders, pick)
     tables = (table, *(rows_in(TABLES[linked], dataset) for linked in table.linked))
     text = "\n\n".join(markdown(t, results, seeds) for t in tables)
     (out / "table.md").write_text(text + "\n")
@@ -883,50 +869,40 @@ def table_results(
     seeds: list[int] | None = None,
     folders: CellFolders = REFUSE,
     pick: Pick = ALL,
+    jobs: int = 1,
 ) -> Results:
-    """Every finished cell's results, run (the picked cells) or reused, by (row label,
-    column) and seed."""
-    results = {}
+    """Every finished cell's results by (row label, column) and seed: reused, or run (the
+    picked cells, ``jobs`` at once) once every cell to run has been checked."""
+    slots: list[tuple[tuple[str, str], int | None, dict[str, Any] | Cell]] = []
     for column, col_overrides in table.columns.items():
         for row in table.rows:
             experiment = row.experiment_for(column, folder)
             overrides = [*row.sets, *col_overrides, *sets]
-            where = cell_dir(out, row, column)
-            runs = seed_runs(
-                experiment,
-                row.label,
-                overrides,
-                rounds,
-                where,
-                run and pick.runs(row, column),
-                seeds,
-                folders,
-            )
-            for seed, res in runs.items():
-                res["name"] = f"{row.label} ({column})" + ("" if seed is None else f" seed {seed}")
-            if runs:
-                results[(row.label, column)] = runs
+            picked = run and pick.runs(row, column)
+            for seed, where, extra in seed_folders(cell_dir(out, row, column), seeds):
+                cell_sets = [*overrides, *extra]
+                if picked:
+                    plan = plan_cell(experiment, row.label, cell_sets, rounds, where, folders)
+                else:
+                    settings = settings_of(resolve_experiment(experiment, rounds, None, cell_sets))
+                    plan = reusable_run(where, settings)
+                if plan is not None:
+                    slots.append(((row.label, column), seed, plan))
+    to_run = [plan for *_, plan in slots if isinstance(plan, Cell)]
+    for cell in to_run:  # every folder was checked first; now every cell's data
+        check_data(cell.settings)
+    ran = iter(run_cells(to_run, jobs))
+    results: Results = {}
+    for (label, column), seed, plan in slots:
+        res = next(ran) if isinstance(plan, Cell) else plan
+        res["name"] = f"{label} ({column})" + ("" if seed is None else f" seed {seed}")
+        results.setdefault((label, column), {})[seed] = res
     return results
 
 
-def seed_runs(
-    experiment: str,
-    label: str,
-    overrides: list[str],
-    rounds: int | None,
-    out: Path,
-    run: bool,
-    seeds: list[int] | None,
-    folders: CellFolders = REFUSE,
-) -> dict[int | None, dict[str, Any]]:
-    """A cell's finished results per seed, each in ``out/seed{S}`` with ``seed=S`` last.
-
-    Without seeds: the one run in ``out`` itself, under the key None.
-    """
-    runs = {}
-    for seed in seeds or [None]:
-        extra, where = ([], out) if seed is None else ([f"seed={seed}"], out / f"seed{seed}")
-        res = run_cell(experiment, label, [*overrides, *extra], rounds, where, run, folders)
-        if res is not None:
-            runs[seed] = res
-    return runs
+def seed_folders(out: Path, seeds: list[int] | None) -> list[tuple[int | None, Path, list[str]]]:
+    """Each seed's folder and override: ``out/seed{S}`` with ``seed=S``; without seeds the
+    one run in ``out`` itself (seed None, no override)."""
+    if not seeds:
+        return [(None, out, [])]
+    return [(seed, out / f"seed{seed}", [f"seed={seed}"]) for seed in seeds]

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ssfl.cells import Cell as CellRun
+from ssfl.cells import run_cells
 from ssfl.experiment import REFUSE, CellFolders, check_data, resolve_experiment, reusable_run
-from ssfl.progress import results_line
 from ssfl.registry import settings_of
 from tasks.config import ConfigError, parse_scalar
 from tasks.results import markdown_table, plot_curves, plot_sweep
@@ -60,27 +61,15 @@ def cell_dir(out: Path, cell: Cell) -> Path:
     return out / cell_label(cell).replace("/", "_").replace(" ", "_")
 
 
-def run_or_reuse(settings: Settings, out: Path, label: str, action: str) -> dict[str, Any]:
-    """The cell's results: reused (``action`` 'reuse'), resumed or run."""
-    from ssfl.runner import run_simulation
-
-    if action == "reuse":
+def plan_cell(settings: Settings, out: Path, label: str, folders: CellFolders) -> dict | CellRun:
+    """A completed run of ``settings`` in ``out`` (reused), else the run to make: afresh or
+    resumed as ``folders`` says (a one-line ConfigError when ``out`` holds another run)."""
+    previous = reusable_run(out, settings)
+    if previous is not None:
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
-        return reusable_run(out, settings)
-    print(f"ssfl sweep: {label} -> {out}", file=sys.stderr)
-    if action == "resume":
-        results = run_simulation(settings, out, stream=False, resume=True)
-    else:
-        results = run_simulation(settings, out, stream=False)
-    print(f"ssfl sweep: {label}: {results_line(results, out / 'results.json')}", file=sys.stderr)
-    return results
-
-
-def cell_action(settings: Settings, out: Path, folders: CellFolders) -> str:
-    """'reuse' a completed run of ``settings`` in ``out``, else what ``folders`` says."""
-    if reusable_run(out, settings) is not None:
-        return "reuse"
-    return folders.action(out, settings)
+        return previous
+    action = folders.action(out, settings)
+    return CellRun("sweep", label, settings, out, resume=action == "resume")
 
 
 def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:
@@ -96,10 +85,12 @@ def sweep(
     rounds: int | None,
     out: Path,
     folders: CellFolders = REFUSE,
+    jobs: int = 1,
 ) -> str:
     """Run (or reuse) every cell of the grid; write table.md, sweep.png and accuracy.png.
     A cell folder holding another run is refused before anything runs, unless ``folders``
-    says to resume or replace it."""
+    says to resume or replace it; ``jobs``: cells run at once, each in a process of its
+    own (:mod:`ssfl.cells`)."""
 
     grid = parse_grid(grid_items)
     cells = grid_cells(grid)
@@ -109,11 +100,15 @@ def sweep(
         settings = settings_of(resolve_experiment(experiment, rounds, None, overrides))
         check_data(settings)
         configs.append(settings)
-    actions = [cell_action(s, cell_dir(out, cell), folders) for cell, s in zip(cells, configs)]
+    plans = [
+        plan_cell(settings, cell_dir(out, cell), cell_label(cell), folders)
+        for cell, settings in zip(cells, configs)
+    ]
     out.mkdir(parents=True, exist_ok=True)
+    ran = iter(run_cells([plan for plan in plans if isinstance(plan, CellRun)], jobs))
     runs = []
-    for cell, settings, action in zip(cells, configs, actions):
-        res = run_or_reuse(settings, cell_dir(out, cell), cell_label(cell), action)
+    for cell, plan in zip(cells, plans):
+        res = next(ran) if isinstance(plan, CellRun) else plan
         res["name"] = cell_label(cell)
         runs.append(res)
     text = sweep_table(experiment, grid, runs)

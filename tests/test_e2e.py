@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import yaml
 
 from ssfl.runner import APP_PACKAGES, descendants, stage_app
 from tests.conftest import ROOT
-from tests.harness import alive, processes, ssfl_run
+from tests.harness import alive, processes, ssfl_run, without_seconds
 
 pytestmark = pytest.mark.e2e
 
@@ -109,3 +110,25 @@ def test_the_staged_app_holds_the_packages_pyproject_lists(tmp_path):
     assert names == sorted([*APP_PACKAGES, "experiments", "pyproject.toml"])
     assert (stage / "experiments/fmnist-las/fedseal.yaml").is_file()
     assert not list(stage.rglob("__pycache__"))
+
+
+def test_a_sweep_with_jobs_gives_the_numbers_of_one_after_another(tmp_path, synthetic_raw):
+    """``--jobs 2``: the cells run at once, each in a process of its own, with the same
+    rows as the same sweep run one cell after another."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(synthetic_raw))
+    rows, lines = {}, {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        cmd = [sys.executable, "-m", "ssfl.cli", "sweep", str(exp), "--set-grid", "seed=0,1"]
+        cmd += ["--out", str(out), "--jobs", jobs]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines[jobs] = [line for line in proc.stderr.splitlines() if "final_test_accuracy" in line]
+        rows[jobs] = {
+            cell: without_seconds(json.loads((out / cell / "results.json").read_text())["rounds"])
+            for cell in ("seed=0", "seed=1")
+        }
+    assert rows["2"] == rows["1"]
+    assert rows["1"]["seed=0"] != rows["1"]["seed=1"]
+    assert len(lines["2"]) == 2 and all(line.startswith("ssfl sweep: seed=") for line in lines["2"])

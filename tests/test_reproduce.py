@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+import ssfl.cells
 import ssfl.reproduce
 from ssfl.experiment import CellFolders, resolve_experiment
 from ssfl.registry import settings_of
@@ -66,12 +67,12 @@ def test_a_cell_made_with_another_config_runs_again(tmp_path, monkeypatch):
     write_table_cells(tmp_path, ACCS)
     ran = []
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran.append((cfg["method"], cfg["client"]["lr"], out.name))
         return fake_results(0.5, 3, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     rerun = CellFolders(overwrite=True)
     text = reproduce("fedseal-table1", tmp_path, None, ["client.lr=0.123"], folders=rerun)
@@ -113,7 +114,7 @@ def test_no_run_tables_the_finished_cells_only(tmp_path, monkeypatch):
     write_table_cells(tmp_path, ACCS)
     fedseal = next(r for r in TABLES["fedseal-table1"].rows if r.label == "FedSEAL")
     (cell_dir(tmp_path, fedseal, "IID") / "results.json").unlink()
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
     text = reproduce("fedseal-table1", tmp_path, None, [], run=False)
     assert "| FedSEAL | 0.8400 | 0.8418 | not run | 0.8428 |" in text
     assert "| FedSEAL - Server-SL | +0.0400 | +0.0447 | not run | +0.0403 |" in text
@@ -150,7 +151,7 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
 
     labels = {cell_dir(tmp_path, r, c): r.label for r in table.rows for c in table.columns}
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran.append(out.name)
         acc = accs[labels[out]]
@@ -160,7 +161,7 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
             "final_linear_accuracy": acc - 0.1,
         }
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     text = reproduce("fedsup-table6", tmp_path, 2, [], dataset="fmnist")
     assert len(ran) == len(FEDSUP_ROWS) * len(table.columns)
@@ -180,13 +181,13 @@ def test_fedsup_tables_share_cells_and_show_the_gap_each_row_closes(tmp_path, mo
 def test_the_fedsup_room_table_runs_the_rows_it_names(tmp_path, monkeypatch):
     ran = []
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran.append((out.name, cfg["split"]["labeled_per_class"]))
         res = fake_results(0.7, 2, cfg)
         return {**res, "final_finetune_accuracy": 0.7, "final_linear_accuracy": 0.6}
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     text = reproduce(
         "fedsup-table6", tmp_path, 2, [], dataset="fmnist-room", pick=Pick(columns=("IID",))
@@ -263,7 +264,7 @@ def write_seed_cells(out, accs: dict[str, list[float]], seeds: list[int], rounds
 
 def test_seeds_table_shows_mean_std_last10_and_ties(tmp_path, monkeypatch):
     write_seed_cells(tmp_path, SEED_ACCS, SEEDS)
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
     plotted = []
     monkeypatch.setattr(ssfl.reproduce, "plot_curves", lambda runs, *a, **k: plotted.extend(runs))
     text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS)
@@ -298,17 +299,17 @@ def test_last10_skips_rounds_without_the_key():
 
 def test_missing_seeds_run_with_the_seed_in_their_config(tmp_path, monkeypatch):
     write_seed_cells(tmp_path, SEED_ACCS, [0, 1])
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
     text = reproduce("fedseal-table1", tmp_path, None, [], run=False, seeds=SEEDS)
     assert "| FedSEAL | 0.8450 ± 0.0071 (n = 2) | 0.8418 |" in text
     ran = []
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran.append((cfg["seed"], out.parent.name, out.name))
         return fake_results(0.9, 12, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS)
     assert len(ran) == 12  # seed 2 of every cell; seeds 0 and 1 are reused
@@ -342,12 +343,12 @@ def test_rows_and_columns_run_the_picked_cells_and_table_the_finished_others(tmp
     write_seed_cells(tmp_path, SEED_ACCS, [0])
     ran = []
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran.append((out.parent.name, cfg["seed"]))
         return fake_results(0.9, 12, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     pick = Pick(rows=("Server-SL", "FedSEAL"), columns=("IID",))
     text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS, pick=pick)
@@ -356,6 +357,27 @@ def test_rows_and_columns_run_the_picked_cells_and_table_the_finished_others(tmp
     ]
     # Picked: three seeds; the others keep their one finished seed.
     assert "| FedSEAL | 0.8400 ± 0.0000 (n = 1) | 0.8418 | 0.8800 ± 0.0346 | 0.8428 |" in text
+
+
+def test_jobs_hand_every_cell_to_run_to_the_runner_at_once_and_table_them_in_order(
+    tmp_path, monkeypatch
+):
+    """--jobs: every folder and data is checked, then the cells to run go to run_cells in
+    one list (which runs N at once); each result lands in its own cell and seed."""
+    write_seed_cells(tmp_path, SEED_ACCS, [0])
+    handed = []
+
+    def fake_cells(cells, jobs):
+        handed.append(([(c.out.parent.name, c.settings.seed, c.label) for c in cells], jobs))
+        return [fake_results(0.5 + c.settings.seed / 10, 12, mapping(c.settings)) for c in cells]
+
+    monkeypatch.setattr(ssfl.reproduce, "run_cells", fake_cells)
+    monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
+    pick = Pick(rows=("FedSEAL",), columns=("IID",))
+    text = reproduce("fedseal-table1", tmp_path, None, [], seeds=SEEDS, pick=pick, jobs=3)
+    assert handed == [([("fedseal-iid", 1, "FedSEAL"), ("fedseal-iid", 2, "FedSEAL")], 3)]
+    # FedSEAL IID: 0.84 (finished), 0.6, 0.7 -> mean 0.7133, sample std 0.1206.
+    assert "| FedSEAL | 0.8400 ± 0.0000 (n = 1) | 0.8418 | 0.7133 ± 0.1206 | 0.8428 |" in text
 
 
 @pytest.mark.parametrize(
@@ -368,7 +390,7 @@ def test_rows_and_columns_run_the_picked_cells_and_table_the_finished_others(tmp
 def test_unknown_rows_or_columns_exit_2_with_one_line(tmp_path, monkeypatch, capsys, argv, message):
     from ssfl.cli import main
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
     assert main(["reproduce", "fedseal-table1", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ssfl: error: {message}") and err.count("\n") == 1
@@ -378,7 +400,7 @@ def test_unknown_rows_or_columns_exit_2_with_one_line(tmp_path, monkeypatch, cap
 def test_bad_seeds_exit_2_with_one_line(tmp_path, monkeypatch, capsys, seeds):
     from ssfl.cli import main
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", pytest.fail)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
     argv = ["reproduce", "fedseal-table1", "--out", str(tmp_path), "--seeds", seeds]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -399,12 +421,12 @@ def test_ssfl_fig2_runs_every_variant_per_seed_and_judges_gains_over_self_traini
     }
     ran = []
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran.append((cfg["name"], cfg["seed"], out.parent.name))
         return fake_results(accs[cfg["name"]][cfg["seed"]], 12, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     text = reproduce("ssfl-fig2", tmp_path, None, [], dataset="fmnist", seeds=SEEDS)
     assert len(ran) == 15 and {seed for _, seed, _ in ran} == set(SEEDS)
@@ -428,12 +450,12 @@ def test_ssfl_table2_compares_one_and_three_groups_that_differ_in_s_only(tmp_pat
     accs = {"grouping_s1_k30": [0.70, 0.70, 0.70], "grouping_s3_k30": [0.74, 0.75, 0.76]}
     ran = {}
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran[(cfg["name"], cfg["seed"])] = cfg
         return fake_results(accs[cfg["name"]][cfg["seed"]], 40, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     text = reproduce("ssfl-table2", tmp_path, None, [], seeds=SEEDS)
     assert len(ran) == 6
@@ -452,12 +474,12 @@ def test_ssfl_table2_compares_one_and_three_groups_that_differ_in_s_only(tmp_pat
 def test_ssfl_fig2_long_runs_the_long_files_with_the_papers_participation(tmp_path, monkeypatch):
     ran = {}
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran[cfg["name"]] = cfg
         return fake_results(0.5, 3, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     reproduce("ssfl-fig2", tmp_path, None, [], dataset="fmnist-long")
     assert sorted(ran) == [
@@ -509,12 +531,12 @@ def test_the_dp_table_runs_each_rows_own_privacy_setting(tmp_path, monkeypatch):
     epsilon, no DP); Server-SL's row has none; --set still comes last."""
     ran = {}
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         cfg = mapping(settings)
         ran[out.parent.name] = cfg
         return fake_results(0.5, 3, cfg)
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     pick = Pick(rows=("Server-SL", "FedSEAL without DP", "FedSEAL at epsilon 4"))
     text = reproduce("dp-fmnist", tmp_path, 2, ["privacy.clipping_norm=2.0"], seeds=[0], pick=pick)
@@ -536,11 +558,11 @@ def test_the_dp_tables_clipping_rows_separate_the_clipping_from_the_noise(
     """Clipping only: C = 1.0 and no noise; epsilon 8 (z = 1.0) at C = 0.1 and 0.01."""
     ran = {}
 
-    def fake_run(settings, out, stream):
+    def fake_run(settings, out, stream, resume=False):
         ran[out.parent.name] = mapping(settings)["privacy"]
         return fake_results(0.5, 3, mapping(settings))
 
-    monkeypatch.setattr(ssfl.reproduce, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     monkeypatch.setattr(ssfl.reproduce, "check_data", lambda cfg: cfg)
     rows = [r.label for r in TABLES["dp-fmnist"].rows if r.label.startswith("FedSEAL")]
     assert rows == [

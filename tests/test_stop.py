@@ -83,7 +83,7 @@ def nothing_starts(monkeypatch) -> None:
     monkeypatch.setattr(runner.LocalSuperLink, "launch", refuse)
     monkeypatch.setattr(runner, "run_simulation", refuse)
     monkeypatch.setattr("ssfl.deploy.run_deployment", refuse)
-    monkeypatch.setattr("ssfl.sweep.run_or_reuse", refuse)
+    monkeypatch.setattr("ssfl.cells.run_simulation", refuse)
 
 
 # ----- --out that holds a run ----------------------------------------------------------
@@ -170,17 +170,20 @@ def test_a_sweep_reuses_finished_cells_and_reruns_others_with_overwrite(exp, tmp
 
     out = tmp_path / "sweep"
     cfg = resolve_experiment(exp, None, None, ["client.lr=0.1"])
-    done = {**HELD, "config": cfg, "rounds": [{"round": 1, "test_accuracy": 0.5}]}
+    done = {
+        **HELD,
+        "config": cfg,
+        "rounds": [{"round": 1, "test_accuracy": 0.5}],
+        "final_test_accuracy": 0.5,
+    }
     (out / "client.lr=0.1").mkdir(parents=True)
     (out / "client.lr=0.1" / "results.json").write_text(json.dumps(done))
     hold_run(out / "client.lr=0.2")
-    actions = []
+    ran = []
     monkeypatch.setattr(
         sweep_module,
-        "run_or_reuse",
-        lambda cfg, where, label, action: (
-            actions.append((where.name, action)) or {**done, "final_test_accuracy": 0.5}
-        ),
+        "run_cells",
+        lambda cells, jobs: [ran.append((c.out.name, c.resume)) or done for c in cells],
     )
     for name in ("sweep_table", "plot_sweep", "plot_curves"):
         monkeypatch.setattr(sweep_module, name, lambda *a, **kw: "")
@@ -188,7 +191,7 @@ def test_a_sweep_reuses_finished_cells_and_reruns_others_with_overwrite(exp, tmp
         "sweep", str(exp), "--set-grid", "client.lr=0.1,0.2", "--out", str(out), "--overwrite"
     )
     assert code == 0
-    assert actions == [("client.lr=0.1", "reuse"), ("client.lr=0.2", "run")]
+    assert ran == [("client.lr=0.2", False)]  # client.lr=0.1 is reused
 
 
 def test_a_reproduce_cell_holding_another_run_is_refused_before_any_runs(tmp_path, nothing_starts):

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-import ssfl.runner
+import ssfl.cells
 from ssfl.cli import main
 from ssfl.experiment import CellFolders, resolve_experiment
 from ssfl.sweep import cell_dir, cell_overrides, grid_cells, parse_grid, sweep
@@ -66,12 +66,12 @@ def test_sweep_reuses_matching_cells_and_reruns_stale_ones(tmp_path, synthetic_r
         (cell_dir(out, cell) / "results.json").write_text(json.dumps(fake_results(stored, acc)))
     ran = []
 
-    def fake_run(settings, path, stream=True):
+    def fake_run(settings, path, stream=True, resume=False):
         cfg = mapping(settings)
         ran.append(path)
         return fake_results(cfg, 0.7)
 
-    monkeypatch.setattr(ssfl.runner, "run_simulation", fake_run)
+    monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     text = sweep(str(exp), grid, [], None, out, CellFolders(overwrite=True))  # stale: rerun
     assert ran == [cell_dir(out, cells[1])]
     assert "| split.target_r=0.0 | server_sl |" in text and "| 0.9000 |" in text
