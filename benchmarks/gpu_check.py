@@ -6,7 +6,8 @@ Every step has a time budget (and the whole check one); a step that fails or run
 of time is recorded in the JSON with its one-line reason, and the check goes on. Each
 step prints one summary line as it ends. ``--cpu`` runs the same steps on the CPU at
 tiny sizes (CI). ``--steps`` runs some steps only (``stacked``, a round's clients trained
-at once against one after another, only where it is named); ``--execution`` and ``--engine`` set the
+at once against one after another, and ``cells``, a sweep's cells one after another against
+all at once with ``--jobs``, only where they are named); ``--execution`` and ``--engine`` set the
 round and CIFAR steps' ``simulation.execution`` and ``augment.engine`` (``--partial-sums``:
 and cohort mode's partial sums; an A/B of cohort
 execution and the sync-free augmentation on a GPU, against a default check's JSON).
@@ -112,6 +113,7 @@ GPU = Sizes(
         "round": 75,
         "cifar": 95,
         "stacked": 60,
+        "cells": 420,
     },
     jobs=4,  # an H200 box has 16 cores: four runs start at once (each ~55 s of start-up)
 )
@@ -137,6 +139,7 @@ CPU = Sizes(
         "round": 180,
         "cifar": 300,
         "stacked": 120,
+        "cells": 300,
     },
     jobs=1,  # CI's 2 cores run two tests at once already: more Ray starts time out
 )
@@ -284,17 +287,13 @@ def tiny_experiment(method: str, ctx: Context) -> dict[str, Any]:
     return raw
 
 
-def ssfl_run(
-    raw: Mapping[str, Any], out: Path, timeout: float, sets: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """``python -m ssfl.cli run`` of an experiment mapping; its results and wall time."""
-    out.mkdir(parents=True, exist_ok=True)
-    exp = out / "experiment.yaml"
-    exp.write_text(yaml.safe_dump(dict(raw), sort_keys=False))
-    cmd = [sys.executable, "-m", "ssfl.cli", "run", str(exp), "--out", str(out), "--quiet"]
+def ssfl_cli(args: list[str], sets: tuple[str, ...], timeout: float) -> dict[str, Any]:
+    """``python -m ssfl.cli ARGS --set ...`` within ``timeout`` seconds: its status
+    (ok, failed with the error's last line, timeout) and wall seconds."""
+    cmd = [sys.executable, "-m", "ssfl.cli", *args]
     for item in sets:
         cmd += ["--set", item]
-    started, wall_started = time.perf_counter(), time.time()
+    started = time.perf_counter()
     try:
         proc = subprocess.run(
             cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(timeout, 1.0)
@@ -304,11 +303,24 @@ def ssfl_run(
     seconds = round(time.perf_counter() - started, 1)
     if proc.returncode != 0:
         return {"status": "failed", "seconds": seconds, "error": one_line(proc.stderr)}
+    return {"status": "ok", "seconds": seconds}
+
+
+def ssfl_run(
+    raw: Mapping[str, Any], out: Path, timeout: float, sets: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``python -m ssfl.cli run`` of an experiment mapping; its results and wall time."""
+    out.mkdir(parents=True, exist_ok=True)
+    exp = out / "experiment.yaml"
+    exp.write_text(yaml.safe_dump(dict(raw), sort_keys=False))
+    wall_started = time.time()
+    ran = ssfl_cli(["run", str(exp), "--out", str(out), "--quiet"], sets, timeout)
+    if ran["status"] != "ok":
+        return ran
     results = json.loads((out / "results.json").read_text())
     rounds = results["rounds"]
     return {
-        "status": "ok",
-        "seconds": seconds,
+        **ran,
         "final_test_accuracy": results["final_test_accuracy"],
         "round_seconds": [round(r["seconds"], 3) for r in rounds],
         "devices": results.get("devices"),
@@ -357,15 +369,21 @@ def method_runs(ctx: Context) -> dict[str, Any]:
     }
 
 
-def round_time(ctx: Context) -> dict[str, Any]:
-    """FedAvg-FixMatch (small CNN) on more clients for 3 rounds: round seconds and GPU use."""
+def round_experiment(ctx: Context) -> dict[str, Any]:
+    """FedAvg-FixMatch (small CNN) on ``round_clients`` clients for 3 rounds."""
     s = ctx.sizes
     raw = tiny_experiment("fedavg_fixmatch", ctx)
     raw["rounds"] = 3
     raw["dataset"]["synthetic_train_size"] = s.round_clients * s.round_images + 400
     raw["split"].update(num_clients=s.round_clients, client_size=s.round_images)
+    return raw
+
+
+def round_time(ctx: Context) -> dict[str, Any]:
+    """FedAvg-FixMatch (small CNN) on more clients for 3 rounds: round seconds and GPU use."""
+    s = ctx.sizes
     with UtilSampler(not ctx.cpu) as sampler:
-        result = ssfl_run(raw, ctx.work / "round", ctx.budget, ctx.round_sets())
+        result = ssfl_run(round_experiment(ctx), ctx.work / "round", ctx.budget, ctx.round_sets())
     if result["status"] != "ok":
         raise RuntimeError(f"the run {result['status']}: {result.get('error', '')}")
     later = result["round_seconds"][1:] or result["round_seconds"]
@@ -455,6 +473,49 @@ def stacked_clients(ctx: Context) -> dict[str, Any]:
     return {"steps": s.steps, "cases": out}
 
 
+# ----- Cells at once (optional) ------------------------------------------------------------
+def ssfl_sweep(
+    exp: Path, seeds: int, jobs: int, out: Path, timeout: float, sets: tuple[str, ...]
+) -> dict[str, Any]:
+    """``ssfl sweep EXP --set-grid seed=0,...`` with ``--jobs``: wall seconds and each
+    cell's final accuracy."""
+    grid = "seed=" + ",".join(str(seed) for seed in range(seeds))
+    args = ["sweep", str(exp), "--set-grid", grid, "--jobs", str(jobs), "--out", str(out)]
+    ran = ssfl_cli(args, sets, timeout)
+    if ran["status"] != "ok":
+        return ran
+    finals = [
+        json.loads((out / f"seed={seed}" / "results.json").read_text())["final_test_accuracy"]
+        for seed in range(seeds)
+    ]
+    return {**ran, "final_test_accuracies": finals}
+
+
+def cells_at_once(ctx: Context) -> dict[str, Any]:
+    """The round step's experiment as a sweep over ``max(2, jobs)`` seeds, one cell after
+    another and then all at once (``--jobs``): wall seconds, GPU use, and whether the
+    numbers are the same both ways. Not in the default check (``--steps cells``)."""
+    cells = max(2, ctx.sizes.jobs)
+    exp = ctx.work / "cells" / "experiment.yaml"
+    exp.parent.mkdir(parents=True, exist_ok=True)
+    exp.write_text(yaml.safe_dump(round_experiment(ctx), sort_keys=False))
+    deadline = time.monotonic() + ctx.budget
+    runs = {}
+    for jobs in (1, cells):
+        out = ctx.work / "cells" / f"jobs{jobs}"
+        with UtilSampler(not ctx.cpu) as sampler:
+            left = deadline - time.monotonic()
+            result = ssfl_sweep(exp, cells, jobs, out, left, ctx.round_sets())
+        runs[f"jobs_{jobs}"] = {**result, **sampler.summary()}
+        log(f"  {cells} cells, --jobs {jobs}: {result['status']} in {result['seconds']}s")
+    if any(run["status"] != "ok" for run in runs.values()):
+        raise RuntimeError(f"a sweep did not complete: {runs}")
+    one, apart = runs["jobs_1"], runs[f"jobs_{cells}"]
+    if one["final_test_accuracies"] != apart["final_test_accuracies"]:
+        ctx.problems.append("cells at once gave other numbers than one after another")
+    return {"cells": cells, **runs, "speedup": round(one["seconds"] / apart["seconds"], 2)}
+
+
 # ----- The check -----------------------------------------------------------------------
 @dataclass
 class Context:
@@ -490,7 +551,10 @@ STEPS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "cifar": cifar_cell,
 }
 # Steps run only where ``--steps`` names them.
-EXTRA_STEPS: dict[str, Callable[[Context], dict[str, Any]]] = {"stacked": stacked_clients}
+EXTRA_STEPS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "stacked": stacked_clients,
+    "cells": cells_at_once,
+}
 
 
 def run_step(name: str, fn: Callable[[Context], dict[str, Any]], ctx: Context) -> dict[str, Any]:
@@ -513,6 +577,12 @@ def summary_of(name: str, out: Mapping[str, Any]) -> str:
         return f" (torch {out['torch']}, CUDA {out['torch_cuda']}, GPUs {out['gpus']})"
     if name == "methods":
         return f" ({out['ok']}/{out['of']} ok, share {out['gpu_share']}, {out['client_devices']})"
+    if name == "cells":
+        one, apart = out["jobs_1"], out[f"jobs_{out['cells']}"]
+        return (
+            f" ({out['cells']} cells: {one['seconds']} s one after another, {apart['seconds']} s "
+            f"at once, speedup {out['speedup']})"
+        )
     if name in ("round", "cifar"):
         return (
             f" (rounds {out['round_seconds']} s, GPU util mean {out['gpu_util_mean']}, "

@@ -289,3 +289,38 @@ def test_the_stacked_step_runs_only_where_named_and_reports_both_rates(tmp_path)
         ratio = c["stacked_images_per_s"] / c["sequential_images_per_s"]
         assert abs(c["stacked_over_sequential"] - ratio) < 0.01
     assert "stacked" not in gpu_check.STEPS  # the default check leaves it out
+
+
+def test_cells_at_once_records_the_speedup_and_flags_other_numbers(tmp_path, monkeypatch):
+    """``--steps cells``: the same sweep with --jobs 1 and --jobs N (the sweeps replaced);
+    another accuracy from the cells at once is a problem of the check."""
+    from benchmarks import gpu_check
+
+    calls = []
+
+    def fake_sweep(exp, seeds, jobs, out, timeout, sets):
+        calls.append((seeds, jobs))
+        finals = [0.5, 0.6] if jobs == 1 else [0.5, 0.7]
+        return {"status": "ok", "seconds": 80.0 / jobs, "final_test_accuracies": finals}
+
+    monkeypatch.setattr(gpu_check, "ssfl_sweep", fake_sweep)
+    out = tmp_path / "check.json"
+    assert gpu_check.main(["--cpu", "--steps", "cells", "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert calls == [(2, 1), (2, 2)]
+    assert report["steps"]["cells"]["speedup"] == 2.0
+    assert report["problems"] == ["cells at once gave other numbers than one after another"]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_the_cells_step_runs_a_real_sweep_both_ways(tmp_path):
+    """Four tiny runs under ``ssfl sweep``: two seeds one after another, then at once."""
+    from benchmarks.gpu_check import main
+
+    out = tmp_path / "check.json"
+    assert main(["--cpu", "--steps", "cells", "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["steps"]["cells"]
+    assert cells["status"] == "ok" and cells["cells"] == 2
+    assert cells["jobs_1"]["final_test_accuracies"] == cells["jobs_2"]["final_test_accuracies"]
+    assert cells["speedup"] > 0
