@@ -1,5 +1,6 @@
 """The cells of ``ssfl reproduce`` and ``ssfl sweep``: run one after another in this
-process, or ``--jobs N`` at once, each in a process of its own.
+process, or ``--jobs N`` at once, each in a process of its own. Just before a cell runs,
+its folder is looked at again (another command may have finished it, or be running it).
 
 A cell apart is ``python -m ssfl.cells``, given its resolved config on stdin: the same
 run as in process (``run_simulation``, the same config, so the same numbers), with its
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ssfl.experiment import REFUSE, CellFolders, reusable_run
 from ssfl.lifecycle import RunInterrupted, run_tag, stop_signals
 from ssfl.progress import results_line
 from ssfl.runner import RunFailed, run_simulation
@@ -36,19 +38,28 @@ STOP_WAIT_S = 60.0  # how long stopped children get to record their runs before 
 @dataclass(frozen=True)
 class Cell:
     """One run of a table or grid: ``tool`` (reproduce, sweep) and ``label`` name it in
-    the lines printed; ``resume``: go on from the checkpoint in ``out``."""
+    the lines printed; ``folders``: what to do with a run its folder holds."""
 
     tool: str
     label: str
     settings: Settings
     out: Path
-    resume: bool = False
+    folders: CellFolders = REFUSE
 
 
 def run_here(cell: Cell) -> dict[str, Any]:
-    """Run the cell in this process; its results (RunFailed when it fails)."""
+    """Run the cell in this process; its results (RunFailed when it fails).
+
+    The folder is looked at again first: another command may have finished the cell
+    (reused), or left another run there (resumed, replaced or refused as ``folders``
+    says), since the cells were planned."""
+    previous = reusable_run(cell.out, cell.settings)
+    if previous is not None:
+        print(f"ssfl {cell.tool}: {cell.label}: reusing {cell.out}", file=sys.stderr, flush=True)
+        return previous
+    resume = cell.folders.action(cell.out, cell.settings) == "resume"
     print(f"ssfl {cell.tool}: {cell.label} -> {cell.out}", file=sys.stderr, flush=True)
-    results = run_simulation(cell.settings, cell.out, stream=False, resume=cell.resume)
+    results = run_simulation(cell.settings, cell.out, stream=False, resume=resume)
     line = results_line(results, cell.out / "results.json")
     print(f"ssfl {cell.tool}: {cell.label}: {line}", file=sys.stderr, flush=True)
     return results
@@ -72,7 +83,8 @@ def start_child(cell: Cell) -> subprocess.Popen:
         "tool": cell.tool,
         "label": cell.label,
         "out": str(cell.out),
-        "resume": cell.resume,
+        "resume": cell.folders.resume,
+        "overwrite": cell.folders.overwrite,
         "config": mapping(cell.settings),
     }
     proc = subprocess.Popen(
@@ -162,8 +174,9 @@ def child_main() -> int:
     from tasks.config import ConfigError
 
     spec = json.load(sys.stdin)
+    folders = CellFolders(resume=spec["resume"], overwrite=spec["overwrite"])
     cell = Cell(
-        spec["tool"], spec["label"], settings_of(spec["config"]), Path(spec["out"]), spec["resume"]
+        spec["tool"], spec["label"], settings_of(spec["config"]), Path(spec["out"]), folders
     )
     try:
         with stop_signals():

@@ -427,14 +427,14 @@ def plan_cell(
     folders: CellFolders = REFUSE,
 ) -> dict[str, Any] | Cell:
     """The cell's results when ``out`` holds a completed run of its config, else the run
-    to make: started afresh or resumed as ``folders`` says (a one-line ConfigError when
-    ``out`` holds another run)."""
+    to make (a one-line ConfigError now when ``out`` holds another run and ``folders``
+    says neither to resume nor to replace it)."""
     settings = settings_of(resolve_experiment(experiment, rounds, None, overrides))
     previous = reusable_run(out, settings)
     if previous is not None:
         return previous
-    action = folders.action(out, settings)
-    return Cell("reproduce", label, settings, out, resume=action == "resume")
+    folders.action(out, settings)
+    return Cell("reproduce", label, settings, out, folders)
 
 
 Results = dict[tuple[str, str], dict[int | None, dict[str, Any]]]

@@ -62,14 +62,15 @@ def cell_dir(out: Path, cell: Cell) -> Path:
 
 
 def plan_cell(settings: Settings, out: Path, label: str, folders: CellFolders) -> dict | CellRun:
-    """A completed run of ``settings`` in ``out`` (reused), else the run to make: afresh or
-    resumed as ``folders`` says (a one-line ConfigError when ``out`` holds another run)."""
+    """A completed run of ``settings`` in ``out`` (reused), else the run to make (a
+    one-line ConfigError now when ``out`` holds another run and ``folders`` says neither
+    to resume nor to replace it)."""
     previous = reusable_run(out, settings)
     if previous is not None:
         print(f"ssfl sweep: {label}: reusing {out}", file=sys.stderr)
         return previous
-    action = folders.action(out, settings)
-    return CellRun("sweep", label, settings, out, resume=action == "resume")
+    folders.action(out, settings)
+    return CellRun("sweep", label, settings, out, folders)
 
 
 def sweep_table(experiment: str, grid: list[tuple[str, list[Any]]], runs: list[dict]) -> str:

@@ -13,16 +13,18 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import ssfl.cells
 from ssfl.cells import Cell, child_main, run_cells
-from ssfl.experiment import resolve_config
+from ssfl.experiment import CellFolders, resolve_config
 from ssfl.lifecycle import TAG_VAR, RunInterrupted, run_tag, stop_signals
 from ssfl.registry import settings_of
 from ssfl.runner import RunFailed
+from tasks.config import ConfigError
 from tasks.settings import mapping
 from tests.harness import tiny_raw
 
@@ -70,7 +72,7 @@ def tiny_settings(**keys):
 def cells(tmp_path: Path, labels: list[str]) -> list[Cell]:
     settings = tiny_settings()
     return [
-        Cell("sweep", label, settings, tmp_path / label, resume=i == 1)
+        Cell("sweep", label, settings, tmp_path / label, CellFolders(resume=i == 1))
         for i, label in enumerate(labels)
     ]
 
@@ -96,8 +98,20 @@ def test_jobs_run_at_most_n_at_once_and_return_results_in_the_cells_order(tmp_pa
     results = run_cells(cells(tmp_path, labels), jobs=2)
     assert [r["label"] for r in results] == labels
     assert most_at_once(log) == 2
-    assert [r["resume"] for r in results] == [False, True, False, False, False]
+    assert [r["resume"] for r in results] == [False, True, False, False, False]  # as given
     assert {r["tag"] for r in results} == {run_tag()[TAG_VAR]}  # a killed parent ends them
+
+
+def fake_results(settings) -> dict:
+    return {
+        "status": "completed",
+        "method": settings.method,
+        "config": mapping(settings),
+        "rounds": [{"round": 1, "test_accuracy": 0.5}],
+        "final_test_accuracy": 0.5,
+        "best_test_accuracy": 0.5,
+        "wall_seconds": 1.0,
+    }
 
 
 def test_one_job_runs_in_this_process_one_after_another(tmp_path, log, monkeypatch):
@@ -105,12 +119,34 @@ def test_one_job_runs_in_this_process_one_after_another(tmp_path, log, monkeypat
 
     def fake_run(settings, out, stream, resume):
         ran.append((out.name, resume))
-        return {"final_test_accuracy": 0.5, "best_test_accuracy": 0.5, "wall_seconds": 1.0}
+        return fake_results(settings)
 
     monkeypatch.setattr(ssfl.cells, "run_simulation", fake_run)
     run_cells(cells(tmp_path, ["a", "b"]), jobs=1)
-    assert ran == [("a", False), ("b", True)]
+    assert ran == [("a", False), ("b", False)]  # b may resume, but holds no run
     assert not log.exists()  # no child started
+
+
+def test_a_cell_finished_by_another_command_meanwhile_is_reused_not_run(tmp_path, monkeypatch):
+    (cell,) = cells(tmp_path, ["a"])
+    cell.out.mkdir()
+    (cell.out / "results.json").write_text(json.dumps(fake_results(cell.settings)))
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
+    (res,) = run_cells([cell])
+    assert res["status"] == "completed" and res["final_test_accuracy"] == 0.5
+
+
+def test_a_cell_whose_folder_took_another_run_meanwhile_is_refused(tmp_path, monkeypatch):
+    (cell,) = cells(tmp_path, ["a"])
+    cell.out.mkdir()
+    other = {**fake_results(cell.settings), "config": {**mapping(cell.settings), "seed": 9}}
+    (cell.out / "results.json").write_text(json.dumps(other))
+    monkeypatch.setattr(ssfl.cells, "run_simulation", pytest.fail)
+    with pytest.raises(ConfigError, match=r"^cell folder .* holds a fedavg_sl run \(completed"):
+        run_cells([cell])
+    replaced = replace(cell, folders=CellFolders(overwrite=True))
+    monkeypatch.setattr(ssfl.cells, "run_simulation", lambda *a, **kw: fake_results(cell.settings))
+    assert run_cells([replaced])[0]["config"]["seed"] == cell.settings.seed
 
 
 def test_after_a_failure_no_cell_starts_and_the_running_ones_finish(tmp_path, log):
@@ -155,7 +191,7 @@ def test_a_child_runs_the_cell_it_is_given(tmp_path, monkeypatch, capsys, raised
     """``python -m ssfl.cells``: the cell from stdin, its config and folder as given."""
     settings = tiny_settings(seed=7)
     out = tmp_path / "x"
-    spec = {"tool": "sweep", "label": "x", "out": str(out), "resume": True}
+    spec = {"tool": "sweep", "label": "x", "out": str(out), "resume": True, "overwrite": False}
     monkeypatch.setattr(
         sys, "stdin", io.StringIO(json.dumps({**spec, "config": mapping(settings)}))
     )
@@ -168,5 +204,5 @@ def test_a_child_runs_the_cell_it_is_given(tmp_path, monkeypatch, capsys, raised
 
     monkeypatch.setattr(ssfl.cells, "run_here", fake_run_here)
     assert child_main() == code
-    assert got == [Cell("sweep", "x", settings, out, resume=True)]
+    assert got == [Cell("sweep", "x", settings, out, CellFolders(resume=True))]
     assert capsys.readouterr().err.strip() == (line or "")

@@ -183,7 +183,7 @@ def test_a_sweep_reuses_finished_cells_and_reruns_others_with_overwrite(exp, tmp
     monkeypatch.setattr(
         sweep_module,
         "run_cells",
-        lambda cells, jobs: [ran.append((c.out.name, c.resume)) or done for c in cells],
+        lambda cells, jobs: [ran.append((c.out.name, c.folders.overwrite)) or done for c in cells],
     )
     for name in ("sweep_table", "plot_sweep", "plot_curves"):
         monkeypatch.setattr(sweep_module, name, lambda *a, **kw: "")
@@ -191,7 +191,7 @@ def test_a_sweep_reuses_finished_cells_and_reruns_others_with_overwrite(exp, tmp
         "sweep", str(exp), "--set-grid", "client.lr=0.1,0.2", "--out", str(out), "--overwrite"
     )
     assert code == 0
-    assert ran == [("client.lr=0.2", False)]  # client.lr=0.1 is reused
+    assert ran == [("client.lr=0.2", True)]  # client.lr=0.1 is reused
 
 
 def test_a_reproduce_cell_holding_another_run_is_refused_before_any_runs(tmp_path, nothing_starts):
