@@ -48,6 +48,16 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Curve:
+    """The table's rows drawn as lines (a second figure): the x axis' name and ticks, and per
+    series the row label at each tick."""
+
+    x_label: str
+    ticks: tuple[str, ...]
+    series: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
 class Table:
     title: str
     columns: dict[str, list[str]]
@@ -67,6 +77,8 @@ class Table:
     subsets: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # (lower, upper) rows: each row's share of the gap between them, ours and the paper's.
     gap: tuple[str, str] | None = None
+    # The rows as lines against a setting (docs' second figure; the baseline as a band).
+    curve: Curve | None = None
 
 
 FMNIST = "experiments/fmnist-las"
@@ -173,6 +185,22 @@ def clipping_rows(label: str, file: str) -> list[Row]:
     return rows
 
 
+DP_METHODS = ("FedSEAL", "FedAvg-FixMatch")
+
+
+def dp_curve() -> Curve:
+    """Each DP method's final accuracy at epsilon 1, 4, 8 and without DP (the figure of the
+    table asked for: accuracy against epsilon)."""
+    levels = sorted(DP_LEVELS, key=float)
+    return Curve(
+        x_label="epsilon at delta 1e-5 after 100 rounds",
+        ticks=(*levels, "no DP"),
+        series={
+            m: (*(f"{m} at epsilon {eps}" for eps in levels), f"{m} without DP") for m in DP_METHODS
+        },
+    )
+
+
 TABLES["dp-fmnist"] = Table(
     title="Client-level DP: test accuracy against epsilon (Fashion-MNIST, 100 clients)",
     columns={DP_COLUMN: []},
@@ -183,6 +211,7 @@ TABLES["dp-fmnist"] = Table(
         *private_rows("FedAvg-FixMatch", "fedavg_fixmatch.yaml"),
     ],
     baseline="Server-SL",
+    curve=dp_curve(),
     notes=[
         "No paper has this table (ours). experiments/fmnist-dp/: 100 clients of 500 images, 10 "
         "a round, 50 labels a class at the server, 100 rounds; DP-FedAvg on the server "

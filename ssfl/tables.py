@@ -7,7 +7,8 @@ from the committed result summaries under ``results/tables/`` (each the ``seeds.
                                    # inconsistent
 
 A block sits between ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``;
-its figure (ssfl/figures.py) is ``docs/img/NAME.svg``. To add a result: add its summary folder
+its figure (ssfl/figures.py) is ``docs/img/NAME.svg`` (and ``NAME-curve.svg``, the rows as
+lines, where its table has a curve). To add a result: add its summary folder
 and list it in the block's ``summaries``.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ssfl.figures import Line, dot_plot
+from ssfl.figures import Line, curve_plot, dot_plot
 from ssfl.reproduce import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,12 +292,47 @@ def block_text(name: str, old: str) -> str:
     )
     image = os.path.relpath(figure_path(name), (ROOT / block.page).parent)
     beside = " beside the paper" if has_paper(block) else ""
-    figure = f"![Ours (each seed, mean and std){beside}]({image})"
-    return "\n".join([*table_lines(block), "", figure, "", note, "", *commands(block)])
+    figures = [f"![Ours (each seed, mean and std){beside}]({image})"]
+    curve = TABLES[block.table].curve
+    if curve is not None:
+        image = os.path.relpath(figure_path(name, CURVE), (ROOT / block.page).parent)
+        figures.append(f"![Ours against {curve.x_label}]({image})")
+    return "\n".join([*table_lines(block), "", *figures, "", note, "", *commands(block)])
 
 
-def figure_path(name: str) -> Path:
-    return ROOT / FIGURES / f"{name}.svg"
+CURVE = "-curve"  # the file name's tail of a block's curve figure
+
+
+def figure_path(name: str, kind: str = "") -> Path:
+    return ROOT / FIGURES / f"{name}{kind}.svg"
+
+
+def figures_of(name: str) -> dict[Path, str]:
+    """A block's figures by path: its dot plot, and its curve where its table has one."""
+    out = {figure_path(name): figure_text(name)}
+    if TABLES[BLOCKS[name].table].curve is not None:
+        out[figure_path(name, CURVE)] = curve_text(name)
+    return out
+
+
+def curve_text(name: str) -> str:
+    """The SVG of a block's curve (one column): each series' cells at the curve's ticks, the
+    table's baseline row as a band."""
+    block = BLOCKS[name]
+    table, found = TABLES[block.table], cells(block)
+    curve, column = table.curve, block.columns[0]
+    assert curve is not None
+
+    def line(label: str) -> Line | None:
+        cell = found.get((label, column))
+        if cell is None:
+            return None
+        values = tuple(v for v in cell["values"] if v is not None)
+        return Line(label, values, cell["mean"], cell["std"], None)
+
+    series = {m: [line(label) for label in labels] for m, labels in curve.series.items()}
+    base = line(block.baseline or table.baseline)
+    return curve_plot(table.title, block.metric, curve.x_label, curve.ticks, series, base)
 
 
 def figure_text(name: str) -> str:
@@ -398,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         updates = {page: rendered(page.read_text(), names, page) for page, names in pages().items()}
-        updates |= {figure_path(name): figure_text(name) for name in BLOCKS}
+        for name in BLOCKS:
+            updates |= figures_of(name)
     except SummaryError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

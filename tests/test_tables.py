@@ -162,3 +162,58 @@ def test_a_table_of_our_own_has_no_paper_columns_and_its_figure_no_paper_key():
     assert lines[0] == "| final_test_accuracy | Fashion-MNIST ours |"
     assert all(line.count("|") == 3 for line in lines)
     assert "the paper" not in tables.figure_path("dp-fmnist").read_text()
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_the_curve_joins_each_series_means_marks_its_seeds_and_bands_the_baseline():
+    a = [
+        figures.Line("a at 1", (0.2, 0.4), 0.3, 0.1414, None),
+        None,
+        figures.Line("a without", (0.8,), 0.8, 0.0, None),
+    ]
+    b = [None, figures.Line("b at 4", (0.5,), 0.5, 0.0, None), None]
+    base = figures.Line("Server-SL", (0.7, 0.72), 0.71, 0.0141, None)
+    text = figures.curve_plot("t", "acc", "epsilon", ("1", "4", "none"), {"A": a, "B": b}, base)
+    svg = ElementTree.fromstring(text)
+    (joined,) = svg.findall(f"{SVG}polyline")  # B has one point: nothing to join
+    points = [tuple(map(float, p.split(","))) for p in joined.get("points").split()]
+    assert points[0][0] < points[1][0] and points[0][1] > points[1][1]  # 0.3, then 0.8 above
+    circles = svg.findall(f"{SVG}circle")
+    assert sorted(c.get("fill") for c in circles if c.get("fill") != "none") == sorted(
+        [figures.SERIES[0]] * 2 + [figures.SERIES[1]]
+    )
+    assert len([c for c in circles if c.get("fill") == "none"]) == 4  # the seeds
+    ticks = {t.text: float(t.get("x")) for t in svg.findall(f"{SVG}text") if t.text in "14none"}
+    b_mean = next(c for c in circles if c.get("fill") == figures.SERIES[1])
+    assert float(b_mean.get("cx")) == ticks["4"] and points[1][0] == ticks["none"]
+    rects = svg.findall(f"{SVG}rect")
+    band = next(r for r in rects if r.get("fill-opacity") and r.get("x") == str(figures.PLOT_LEFT))
+    dashed = next(ln for ln in svg.findall(f"{SVG}line") if ln.get("stroke-dasharray"))
+    middle = float(band.get("y")) + float(band.get("height")) / 2
+    assert middle == pytest.approx(float(dashed.get("y1")), abs=0.1)
+
+
+def test_a_curve_of_more_series_than_colours_is_refused():
+    line = figures.Line("x", (0.5,), 0.5, 0.0, None)
+    series = {str(k): [line] for k in range(len(figures.SERIES) + 1)}
+    with pytest.raises(ValueError, match="at most 4 series"):
+        figures.curve_plot("t", "m", "x", ("1",), series)
+
+
+def test_the_dp_tables_curve_shows_each_finished_cell_of_its_series():
+    """The privacy page's accuracy-against-epsilon figure: a filled dot per finished cell of
+    each method at each epsilon and without DP, Server-SL as the band."""
+    block = tables.BLOCKS["dp-fmnist"]
+    curve = tables.TABLES[block.table].curve
+    assert curve.ticks == ("1", "4", "8", "no DP")
+    assert curve.series["FedSEAL"][2] == "FedSEAL at epsilon 8"
+    found = tables.cells(block)
+    shown = [label for labels in curve.series.values() for label in labels]
+    finished = sum((label, "Fashion-MNIST") in found for label in shown)
+    svg = ElementTree.fromstring(tables.figure_path("dp-fmnist", tables.CURVE).read_text())
+    filled = [c for c in svg.findall(f"{SVG}circle") if c.get("fill") != "none"]
+    assert len(filled) == finished > 0
+    assert "Server-SL" in [t.text for t in svg.findall(f"{SVG}text")]
+    assert "](img/dp-fmnist-curve.svg)" in (ROOT / block.page).read_text()
