@@ -6,6 +6,7 @@ Used by the command line, reproduce, sweep, the ServerApp and the benchmarks.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Mapping
@@ -85,6 +86,9 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     own = deep_merge(server.defaults(), {"algo": defaults_of(algo)})
     cfg = resolve(raw, own, choices, rules_of(algo, "algo."))
     settings = typed(Settings, cfg, algo)
+    if settings.privacy.target_epsilon > 0 and settings.privacy.mode != "none":
+        cfg["privacy"]["noise_multiplier"] = noise_for_target(settings)
+        settings = typed(Settings, cfg, algo)
     check_head_size(settings.model.head_size, dataset_info(settings.dataset.name).num_classes)
     check_client_options(name, cfg, spec.client_half())
     check_ssl_heads(name, settings.model, server.ssl_heads)
@@ -132,11 +136,34 @@ def check_robust(name: str, settings: Settings, averages_models: bool) -> None:
         )
 
 
+def noise_for_target(settings: Settings) -> float:
+    """privacy.target_epsilon's noise multiplier for this run's sampling rate and rounds."""
+
+    p = settings.privacy
+    sampled = settings.federation.clients_per_round or settings.split.num_clients
+    rate = min(1.0, sampled / settings.split.num_clients)
+    return cached_noise(p.target_epsilon, rate, settings.rounds, p.target_delta)
+
+
+@functools.lru_cache(maxsize=64)
+def cached_noise(target: float, rate: float, rounds: int, delta: float) -> float:
+    """tasks.privacy.noise_for_epsilon, once per process for each setting (a table's cells
+    resolve the same config many times)."""
+    from tasks.privacy import noise_for_epsilon
+
+    return noise_for_epsilon(target, rate, rounds, delta)
+
+
 def check_privacy(name: str, settings: Settings, refusal: str) -> None:
     """Refuse privacy.mode for a method whose clients send no dense model update (its
     ``privacy_refusal`` says why) and the options the DP mean's noise does not cover."""
     p = settings.privacy
     if p.mode == "none":
+        if p.target_epsilon > 0:
+            raise ConfigError(
+                "config key 'privacy.target_epsilon': spends no privacy without a "
+                "privacy.mode; set one (e.g. server_fixed) or leave it at 0"
+            )
         return
     if refusal:
         raise ConfigError(f"config key 'privacy.mode': method {name!r} {refusal}")

@@ -75,3 +75,24 @@ def epsilon(
         spent = pld_privacy_accountant.PLDAccountant()
     spent.compose(round_event(noise_multiplier, rate, rounds))
     return float(spent.get_epsilon(delta))
+
+
+def noise_for_epsilon(target: float, rate: float, rounds: int, delta: float) -> float:
+    """The smallest noise multiplier z, to 4 decimals, whose epsilon at ``delta`` after
+    ``rounds`` releases is at most ``target`` (RDP accountant; bisection, since epsilon
+    falls as z grows), as Opacus' ``make_private_with_epsilon`` solves for its sigma."""
+    if target <= 0:
+        raise ValueError(f"target epsilon {target}: must be above 0")
+    high = 1.0
+    while epsilon(high, rate, rounds, delta) > target:
+        high *= 2
+        if high > 1e4:
+            raise ValueError(f"no noise multiplier up to 1e4 reaches epsilon {target}")
+    low = 0.0
+    while high - low > 1e-4:
+        middle = (low + high) / 2
+        if epsilon(middle, rate, rounds, delta) > target:
+            low = middle
+        else:
+            high = middle
+    return math.ceil(high * 1e4) / 1e4

@@ -498,6 +498,15 @@ class PrivacySettings:
         rule=NON_NEGATIVE,
         ref="McMahan et al. 2018 (DP-FedAvg)",
     )
+    target_epsilon: float = setting(
+        0.0,
+        "> 0: the epsilon to reach at `target_delta` after the run's `rounds`: the noise "
+        "multiplier is solved for it (the RDP accountant at q = clients per round / clients) "
+        "and replaces `noise_multiplier` in the resolved config; 0 = `noise_multiplier` as "
+        "given",
+        rule=NON_NEGATIVE,
+        ref="Mironov 2017 (RDP accountant, dp-accounting)",
+    )
     clipping_norm: float = setting(
         1.0,
         "bound on each client update's L2 norm; `*_adaptive`: the initial norm",

@@ -20,7 +20,7 @@ from ssfl.registry import settings_of
 from strategies.parts import FedAvg, Update
 from strategies.privacy import PrivateAggregator
 from tasks.config import ConfigError, deep_merge
-from tasks.privacy import clipped_model, epsilon
+from tasks.privacy import clipped_model, epsilon, noise_for_epsilon
 from tasks.results import Recorder
 from tests.harness import InProcessGrid, run_method, tiny_raw, without_seconds
 from tests.test_resume import run_rounds
@@ -177,6 +177,36 @@ def test_epsilon_grows_with_rounds_and_is_zero_before_and_infinite_without_noise
     assert spent[0] == 0.0 and spent[0] < spent[1] < spent[2]
     assert math.isinf(epsilon(0.0, 0.1, 5, 1e-5))
     assert epsilon(1.1, 1.0, 10, 1e-5) > spent[1]  # every client each round: no amplification
+
+
+def test_the_noise_for_a_target_epsilon_is_the_smallest_that_reaches_it():
+    """Bisection on the RDP accountant, z to 4 decimals: the dp table's z = 1.0, 1.5, 4.3
+    (epsilon 7.97, 3.95, 0.99 after 100 rounds at q = 0.1) come back within 0.02."""
+    for target, z in ((7.97, 1.0), (3.95, 1.5), (0.99, 4.3)):
+        assert noise_for_epsilon(target, 0.1, 100, 1e-5) == pytest.approx(z, abs=0.02)
+    found = noise_for_epsilon(8.0, 0.1, 100, 1e-5)
+    assert epsilon(found, 0.1, 100, 1e-5) <= 8.0 < epsilon(found - 2e-4, 0.1, 100, 1e-5)
+    assert noise_for_epsilon(8.0, 0.1, 50, 1e-5) < found  # fewer rounds: less noise
+    with pytest.raises(ValueError, match="must be above 0"):
+        noise_for_epsilon(0.0, 0.1, 100, 1e-5)
+
+
+def test_target_epsilon_sets_the_resolved_configs_noise_multiplier():
+    raw = {**tiny_raw("fedseal"), "rounds": 20}
+    raw["split"] = {**raw["split"], "num_clients": 10}
+    raw["privacy"] = {"mode": "server_fixed", "target_epsilon": 4.0, "noise_multiplier": 9.0}
+    cfg = resolve_config(raw)
+    z = cfg["privacy"]["noise_multiplier"]
+    assert z == noise_for_epsilon(4.0, 0.2, 20, 1e-5)  # 2 of 10 clients a round, 20 rounds
+    assert epsilon(z, 0.2, 20, 1e-5) <= 4.0
+    assert cfg["privacy"]["target_epsilon"] == 4.0
+    assert resolve_config(cfg) == cfg  # resolving the resolved config changes nothing
+
+
+def test_target_epsilon_without_a_privacy_mode_is_one_line():
+    raw = {**tiny_raw("fedseal"), "privacy": {"target_epsilon": 8.0}}
+    with pytest.raises(ConfigError, match=r"^config key 'privacy.target_epsilon': spends no"):
+        resolve_config(raw)
 
 
 def test_the_progress_line_shows_the_privacy_spent():
