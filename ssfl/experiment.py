@@ -142,16 +142,21 @@ def noise_for_target(settings: Settings) -> float:
     p = settings.privacy
     sampled = settings.federation.clients_per_round or settings.split.num_clients
     rate = min(1.0, sampled / settings.split.num_clients)
-    return cached_noise(p.target_epsilon, rate, settings.rounds, p.target_delta)
+    return cached_noise(
+        p.target_epsilon, rate, settings.rounds, p.target_delta, p.accountant, p.noise_multiplier
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def cached_noise(target: float, rate: float, rounds: int, delta: float) -> float:
+def cached_noise(
+    target: float, rate: float, rounds: int, delta: float, accountant: str, guess: float
+) -> float:
     """tasks.privacy.noise_for_epsilon, once per process for each setting (a table's cells
-    resolve the same config many times)."""
+    resolve the same config many times); a resolved config's z (the guess) is checked, not
+    solved again."""
     from tasks.privacy import noise_for_epsilon
 
-    return noise_for_epsilon(target, rate, rounds, delta)
+    return noise_for_epsilon(target, rate, rounds, delta, accountant, guess)
 
 
 def check_privacy(name: str, settings: Settings, refusal: str) -> None:

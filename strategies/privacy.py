@@ -136,11 +136,11 @@ class PrivateAggregator:
         self.clipping_norm *= math.exp(-o.clip_norm_lr * (b - o.target_clipped_quantile))
 
     def spent(self) -> Metrics:
-        """``epsilon`` at ``delta`` (privacy.target_delta) after the releases so far (RDP;
-        None without noise: no guarantee)."""
+        """``epsilon`` at ``delta`` (privacy.target_delta) after the releases so far (by
+        privacy.accountant; None without noise: no guarantee)."""
         rate = sampled_clients(self.settings) / self.settings.split.num_clients
         z, delta = self.options.noise_multiplier, self.options.target_delta
-        spent = epsilon(z, rate, self.releases, delta)
+        spent = epsilon(z, rate, self.releases, delta, self.options.accountant)
         return {"epsilon": spent if math.isfinite(spent) else None, "delta": delta}
 
     def state(self) -> dict[str, Any]:

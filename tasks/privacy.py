@@ -61,7 +61,8 @@ def epsilon(
     noise_multiplier: float, rate: float, rounds: int, delta: float, accountant: str = "rdp"
 ) -> float:
     """Epsilon at ``delta`` after ``rounds`` releases (0 before the first; inf without
-    noise), by the RDP accountant (Mironov 2017; the default) or the PLD one (``pld``)."""
+    noise), by the RDP accountant (Mironov 2017; the default) or the privacy-loss
+    distribution one (``pld``: tighter, about 0.5 s a call)."""
     if rounds == 0:
         return 0.0
     if noise_multiplier == 0:
@@ -77,22 +78,37 @@ def epsilon(
     return float(spent.get_epsilon(delta))
 
 
-def noise_for_epsilon(target: float, rate: float, rounds: int, delta: float) -> float:
+Z_STEP = 1e-4  # the solved noise multiplier's resolution
+
+
+def noise_for_epsilon(
+    target: float,
+    rate: float,
+    rounds: int,
+    delta: float,
+    accountant: str = "rdp",
+    guess: float | None = None,
+) -> float:
     """The smallest noise multiplier z, to 4 decimals, whose epsilon at ``delta`` after
-    ``rounds`` releases is at most ``target`` (RDP accountant; bisection, since epsilon
-    falls as z grows), as Opacus' ``make_private_with_epsilon`` solves for its sigma."""
+    ``rounds`` releases is at most ``target`` (bisection, since epsilon falls as z grows),
+    as Opacus' ``make_private_with_epsilon`` solves for its sigma. A ``guess`` that is
+    already that z is checked in two accountings and returned."""
     if target <= 0:
         raise ValueError(f"target epsilon {target}: must be above 0")
+
+    def reaches(z: float) -> bool:
+        return z > 0 and epsilon(z, rate, rounds, delta, accountant) <= target
+
+    if guess is not None and reaches(guess) and not reaches(round(guess - Z_STEP, 4)):
+        return guess
     high = 1.0
-    while epsilon(high, rate, rounds, delta) > target:
+    while not reaches(high):
         high *= 2
         if high > 1e4:
             raise ValueError(f"no noise multiplier up to 1e4 reaches epsilon {target}")
     low = 0.0
-    while high - low > 1e-4:
+    while high - low > Z_STEP:
         middle = (low + high) / 2
-        if epsilon(middle, rate, rounds, delta) > target:
-            low = middle
-        else:
-            high = middle
-    return math.ceil(high * 1e4) / 1e4
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    z = math.ceil(high / Z_STEP) * Z_STEP
+    return round(z - Z_STEP, 4) if reaches(round(z - Z_STEP, 4)) else round(z, 4)

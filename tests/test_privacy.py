@@ -203,6 +203,42 @@ def test_target_epsilon_sets_the_resolved_configs_noise_multiplier():
     assert resolve_config(cfg) == cfg  # resolving the resolved config changes nothing
 
 
+def test_a_resolved_configs_noise_multiplier_is_checked_not_solved_again(monkeypatch):
+    """Given the solved z (as the ServerApp's resolve of the written config is), two
+    accountings confirm it; a wrong guess is solved for."""
+    import tasks.privacy
+
+    solved = noise_for_epsilon(4.0, 0.1, 100, 1e-5)
+    calls = []
+    real = tasks.privacy.epsilon
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(tasks.privacy, "epsilon", counted)
+    assert noise_for_epsilon(4.0, 0.1, 100, 1e-5, guess=solved) == solved
+    assert calls == [solved, pytest.approx(solved - 1e-4)]
+    assert noise_for_epsilon(4.0, 0.1, 100, 1e-5, guess=solved + 0.01) == solved
+
+
+def test_the_pld_accountant_reports_its_own_epsilon():
+    """privacy.accountant pld: the rows' epsilon is the PLD accountant's (below the RDP one
+    for the same run)."""
+    settings = settings_with(mode="server_fixed", noise_multiplier=1.0, accountant="pld")
+    start = {"w": np.zeros(100, np.float32)}
+    _, metrics = round_of(private(settings), start, [dict(start) for _ in range(4)])
+    pld = epsilon(1.0, 0.1, 1, 1e-5, accountant="pld")
+    assert metrics["epsilon"] == pytest.approx(pld) and pld < epsilon(1.0, 0.1, 1, 1e-5)
+
+
+@pytest.mark.slow  # solves z under the PLD accountant (about 7 s of accountings)
+def test_target_epsilon_under_the_pld_accountant_needs_less_noise():
+    rdp = noise_for_epsilon(4.0, 0.1, 100, 1e-5)
+    pld = noise_for_epsilon(4.0, 0.1, 100, 1e-5, accountant="pld")
+    assert pld < rdp and epsilon(pld, 0.1, 100, 1e-5, accountant="pld") <= 4.0
+
+
 def test_target_epsilon_without_a_privacy_mode_is_one_line():
     raw = {**tiny_raw("fedseal"), "privacy": {"target_epsilon": 8.0}}
     with pytest.raises(ConfigError, match=r"^config key 'privacy.target_epsilon': spends no"):
