@@ -46,7 +46,7 @@ def stop(*_):
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
 note("start")
-time.sleep(2.0 if label.startswith("slow") else 0.2 if label == "fail" else 0.4)
+time.sleep(3.0 if label.startswith("slow") else 0.2 if label == "fail" else 1.0)
 if label == "fail":
     sys.exit(1)
 res = {"status": "completed", "method": "fedavg_sl", "rounds": [], "label": label,
