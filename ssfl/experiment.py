@@ -164,11 +164,12 @@ def check_privacy(name: str, settings: Settings, refusal: str) -> None:
     ``privacy_refusal`` says why) and the options the DP mean's noise does not cover."""
     p = settings.privacy
     if p.mode == "none":
-        if p.target_epsilon > 0:
-            raise ConfigError(
-                "config key 'privacy.target_epsilon': spends no privacy without a "
-                "privacy.mode; set one (e.g. server_fixed) or leave it at 0"
-            )
+        for key, off in (("target_epsilon", 0.0), ("sampling", "fixed")):
+            if getattr(p, key) != off:
+                raise ConfigError(
+                    f"config key 'privacy.{key}': means nothing without a privacy.mode; set "
+                    f"one (e.g. server_fixed) or leave it at {off}"
+                )
         return
     if refusal:
         raise ConfigError(f"config key 'privacy.mode': method {name!r} {refusal}")

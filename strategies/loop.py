@@ -177,6 +177,11 @@ class RoundLoop(Strategy):
         assert self.parts.aggregator is not None
         stats = self.stats
         self.updates = self.accept(server_round, replies, stats, self.sent_ids)
+        if not self.updates and self.sampled_none():
+            assert self.privacy is not None
+            arrays, metrics = self.privacy.aggregate_none(server_round, self.server.arrays())
+            self.aggregation_metrics = metrics
+            return arrays, MetricRecord({})
         if not self.updates:
             return None, None
         aggregator = self.parts.aggregator
@@ -191,6 +196,10 @@ class RoundLoop(Strategy):
         metrics.update(self.parts.codec.saved_bytes("c2s", stats.bytes_c2s, stats.bytes_c2s_dense))
         self.aggregation_metrics = metrics
         return arrays, MetricRecord(mean_metrics(self.updates))
+
+    def sampled_none(self) -> bool:
+        """A round of privacy.sampling poisson that sampled no client (not a failed one)."""
+        return self.privacy is not None and self.privacy.poisson and not self.sent_ids
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         """Evaluation is centralised on the server's test set: no client messages."""
@@ -441,9 +450,14 @@ class RoundLoop(Strategy):
 
     # ----- Sampling and node discovery -----------------------------------------------
     def sample_partitions(self, server_round: int) -> list[int]:
-        """Deterministic sample of clients_per_round partitions (0 = all)."""
+        """Deterministic sample of clients_per_round partitions (0 = all); with
+        privacy.sampling poisson each partition independently with probability
+        clients_per_round / split.num_clients."""
         available = sorted(self.nodes)
         k = self.settings.federation.clients_per_round or len(available)
+        if self.privacy is not None and self.privacy.poisson:
+            rate = k / self.settings.split.num_clients
+            return [pid for pid in available if self.sampler.random() < rate]
         if k >= len(available):
             return available
         return sorted(self.sampler.sample(available, k))
@@ -553,7 +567,7 @@ class RoundLoop(Strategy):
                 )
             self.rows.append(row)
             self.on_round(row)
-            progressed = stats.replies > 0 or self.parts.aggregator is None
+            progressed = stats.replies > 0 or self.parts.aggregator is None or self.sampled_none()
             self.failed_in_a_row = 0 if progressed else self.failed_in_a_row + 1
             self.save_checkpoint(rnd)
             self.timeline["rounds_ended"] = time.time()  # steady rounds: after the first's end

@@ -29,7 +29,7 @@ from flwr.supercore.differential_privacy import (
 
 from ssfl.records import record_arrays, to_record
 from strategies.parts import Aggregator, Metrics, ServerSide, Update
-from tasks.privacy import State, clipped_model, epsilon, floating_keys
+from tasks.privacy import State, clipped_model, epsilon, floating_keys, scaled_update
 from tasks.settings import PrivacySettings, Settings
 from tasks.train import derive_seed
 
@@ -106,12 +106,24 @@ class PrivateAggregator:
             out.append(Update(u.pid, 1, content))
         return out, clipped, norms
 
+    @property
+    def poisson(self) -> bool:
+        return self.options.sampling == "poisson"
+
+    def denominator(self, averaged: int) -> int:
+        """The n of the noise's std z C / n and of the adaptive count: the clients averaged,
+        or with Poisson sampling the expected count qN (clients_per_round)."""
+        return sampled_clients(self.settings) if self.poisson else averaged
+
     def aggregate(self, server_round: int, updates: list[Update]) -> tuple[ArrayRecord, Metrics]:
-        """The noised average of the clipped updates and the round's privacy metrics."""
+        """The noised average of the clipped updates and the round's privacy metrics (with
+        Poisson sampling each clipped update scaled by n / qN first: the sum over qN)."""
         private, clipped, norms = self.clip(updates)
+        n = self.denominator(len(private))
+        if n != len(private):
+            private = [self.scaled(u, len(private) / n) for u in private]
         record, metrics = self.inner.aggregate(server_round, private)
-        std = compute_stdv(self.update_z, self.clipping_norm, len(private))
-        rng = np.random.default_rng(derive_seed(self.settings.seed, "privacy", server_round))
+        std, rng = self.noise(server_round, n)
         average = noised(record_arrays(record), std, rng)
         self.releases += 1
         metrics.update(
@@ -124,8 +136,32 @@ class PrivateAggregator:
             }
         )
         if self.adaptive:
-            self.adapt(len(private) - clipped, len(private), rng)
+            self.adapt(len(private) - clipped, n, rng)
         return to_record(average), metrics
+
+    def aggregate_none(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, Metrics]:
+        """A Poisson round that sampled no client: the global model plus the noise (an
+        unchanged model would tell that the sample was empty), counted as a release."""
+        n = self.denominator(0)
+        std, rng = self.noise(server_round, n)
+        self.releases += 1
+        metrics: Metrics = {"clipping_norm": self.clipping_norm, "noise_std": std, **self.spent()}
+        if self.adaptive:
+            self.adapt(0, n, rng)
+        return to_record(noised(record_arrays(arrays), std, rng)), metrics
+
+    def noise(self, server_round: int, n: int) -> tuple[float, np.random.Generator]:
+        """The noise's std z C / n and the round's generator (seeded by the run and round)."""
+        std = compute_stdv(self.update_z, self.clipping_norm, n)
+        return std, np.random.default_rng(derive_seed(self.settings.seed, "privacy", server_round))
+
+    def scaled(self, update: Update, factor: float) -> Update:
+        """``update`` (a clipped model) with its change from its start model times
+        ``factor``, floating arrays only."""
+        start = record_arrays(self.started_from[update.pid])
+        model = scaled_update(update.arrays, start, factor)
+        content = RecordDict({"arrays": to_record(model), "metrics": update.content["metrics"]})
+        return Update(update.pid, update.num_examples, content)
 
     def adapt(self, unclipped: int, total: int, rng: np.random.Generator) -> None:
         """Andrew et al. 2021, Algorithm 1: C <- C exp(-eta_C (b - gamma)), b the noised

@@ -46,6 +46,16 @@ def clipped_model(model: State, start: State, bound: float) -> tuple[State, floa
     return out, norm
 
 
+def scaled_update(model: State, start: State, factor: float) -> State:
+    """``start`` plus ``factor`` times the update ``model - start`` of the floating arrays
+    (in float64), integer arrays the start's."""
+    out = dict(start)
+    for key in floating_keys(start):
+        change = np.asarray(model[key], np.float64) - np.asarray(start[key], np.float64)
+        out[key] = (np.asarray(start[key], np.float64) + factor * change).astype(start[key].dtype)
+    return out
+
+
 def round_event(noise_multiplier: float, rate: float, rounds: int) -> dp_event.DpEvent:
     """``rounds`` releases of the Gaussian mechanism with ``noise_multiplier`` on a Poisson
     sample of the clients at ``rate``. dp-accounting is imported here, not with the module:

@@ -498,6 +498,18 @@ class PrivacySettings:
         rule=NON_NEGATIVE,
         ref="McMahan et al. 2018 (DP-FedAvg)",
     )
+    sampling: str = setting(
+        "fixed",
+        "`fixed`: `federation.clients_per_round` clients drawn without replacement each round "
+        "(the accountant's Poisson analysis is the usual approximation for it); `poisson`: "
+        "each client joins each round with probability q = clients_per_round / clients, the "
+        "clipped updates' sum is divided by the expected count qN and the noise's std is z C "
+        "/ qN (DP-FedAvg's fixed denominator), so the reported epsilon is exact; a round "
+        "trains any number of clients, and one that samples none releases the global model "
+        "plus the noise",
+        choices=("fixed", "poisson"),
+        ref="McMahan et al. 2018 (DP-FedAvg, Algorithm 1)",
+    )
     accountant: str = setting(
         "rdp",
         "how `epsilon` is computed: `rdp` (Renyi DP, integer orders 2-1024) or `pld` (the "

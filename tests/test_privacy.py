@@ -241,7 +241,7 @@ def test_target_epsilon_under_the_pld_accountant_needs_less_noise():
 
 def test_target_epsilon_without_a_privacy_mode_is_one_line():
     raw = {**tiny_raw("fedseal"), "privacy": {"target_epsilon": 8.0}}
-    with pytest.raises(ConfigError, match=r"^config key 'privacy.target_epsilon': spends no"):
+    with pytest.raises(ConfigError, match=r"^config key 'privacy.target_epsilon': means nothing"):
         resolve_config(raw)
 
 
@@ -359,3 +359,61 @@ def test_a_resumed_private_run_keeps_its_clipping_norm_and_epsilon(tmp_path):
     assert without_seconds(resumed) == without_seconds(straight)
     norms = [row["clipping_norm"] for row in straight]
     assert len(set(norms)) == 4 and norms[0] == 0.1
+
+
+# ----- Poisson sampling ---------------------------------------------------------------------
+def test_poisson_sampling_divides_the_clipped_sum_by_the_expected_count():
+    """Two of an expected four clients (40 clients, q = 0.1) send updates 0.5 and 0.3 long
+    (unclipped at C = 1): the aggregate is the start plus their sum over 4, without noise."""
+    settings = settings_with(mode="server_fixed", noise_multiplier=0.0, sampling="poisson")
+    start = {"w": np.zeros(4, np.float32), "count": np.array([3], np.int64)}
+    first = {"w": np.array([0.5, 0, 0, 0], np.float32), "count": np.array([7], np.int64)}
+    second = {"w": np.array([0, 0.3, 0, 0], np.float32), "count": np.array([7], np.int64)}
+    out, metrics = round_of(private(settings), start, [first, second])
+    np.testing.assert_allclose(out["w"], [0.125, 0.075, 0, 0], atol=1e-7)
+    assert int(out["count"][0]) == 3 and metrics["clipped_fraction"] == 0
+
+
+def test_poisson_noise_is_calibrated_to_the_expected_count_whoever_came():
+    settings = settings_with(mode="server_fixed", noise_multiplier=1.5, sampling="poisson")
+    start = {"w": np.zeros(400_000, np.float32)}
+    out, metrics = round_of(private(settings), start, [dict(start) for _ in range(2)])
+    assert metrics["noise_std"] == pytest.approx(1.5 * 1.0 / 4)  # qN = 4, not the 2 that came
+    assert float(np.std(out["w"])) == pytest.approx(1.5 / 4, rel=0.01)
+
+
+def test_a_round_that_samples_no_client_releases_the_model_plus_noise():
+    settings = settings_with(mode="server_fixed", noise_multiplier=1.5, sampling="poisson")
+    agg = private(settings)
+    start = {"w": np.zeros(400_000, np.float32), "count": np.array([3], np.int64)}
+    out, metrics = agg.aggregate_none(1, to_record(start))
+    noise = record_arrays(out)["w"]
+    assert float(np.std(noise)) == pytest.approx(1.5 / 4, rel=0.01)
+    assert int(record_arrays(out)["count"][0]) == 3
+    assert agg.releases == 1 and metrics["epsilon"] == pytest.approx(epsilon(1.5, 0.1, 1, 1e-5))
+
+
+@pytest.mark.slow  # eight rounds of a tiny FedSEAL run (about 8 s)
+def test_a_poisson_run_trains_a_varying_number_of_clients_and_goes_on_through_empty_rounds():
+    """3 clients, 1 expected a round (q = 1/3): some rounds train none, others two; those
+    count as releases and never as failed rounds; the same seed gives the same rows."""
+    raw = deep_merge(
+        {**tiny_raw("fedseal"), "rounds": 8},
+        {
+            "federation": {"clients_per_round": 1, "max_failed_rounds": 1},
+            "privacy": {"mode": "server_fixed", "noise_multiplier": 1.0, "sampling": "poisson"},
+        },
+    )
+    rows = rows_of(raw)
+    counts = [row["clients"] for row in rows]
+    assert 0 in counts and max(counts) >= 2 and len(rows) == 8
+    assert all(row["noise_std"] == pytest.approx(1.0 * 1.0 / 1) for row in rows)
+    spent = [row["epsilon"] for row in rows]
+    assert spent == sorted(spent) and spent[-1] == pytest.approx(epsilon(1.0, 1 / 3, 8, 1e-5))
+    assert rows_of(raw) == rows
+
+
+def test_poisson_sampling_without_a_privacy_mode_is_one_line():
+    raw = {**tiny_raw("fedseal"), "privacy": {"sampling": "poisson"}}
+    with pytest.raises(ConfigError, match=r"^config key 'privacy.sampling': means nothing"):
+        resolve_config(raw)
