@@ -393,7 +393,7 @@ def test_a_round_that_samples_no_client_releases_the_model_plus_noise():
     assert agg.releases == 1 and metrics["epsilon"] == pytest.approx(epsilon(1.5, 0.1, 1, 1e-5))
 
 
-@pytest.mark.slow  # eight rounds of a tiny FedSEAL run (about 8 s)
+@pytest.mark.slow  # eight rounds of a tiny FedSEAL run, three times (about 20 s)
 def test_a_poisson_run_trains_a_varying_number_of_clients_and_goes_on_through_empty_rounds():
     """3 clients, 1 expected a round (q = 1/3): some rounds train none, others two; those
     count as releases and never as failed rounds; the same seed gives the same rows."""
@@ -411,6 +411,8 @@ def test_a_poisson_run_trains_a_varying_number_of_clients_and_goes_on_through_em
     spent = [row["epsilon"] for row in rows]
     assert spent == sorted(spent) and spent[-1] == pytest.approx(epsilon(1.0, 1 / 3, 8, 1e-5))
     assert rows_of(raw) == rows
+    cohort = deep_merge(raw, {"simulation": {"execution": "cohort", "workers": 2}})
+    assert rows_of(cohort, 2) == rows  # a cohort run gives the per-client run's rows
 
 
 def test_poisson_sampling_without_a_privacy_mode_is_one_line():
