@@ -58,14 +58,7 @@ def dot_plot(title: str, metric: str, lines: list[Line]) -> str:
     def x(value: float) -> float:
         return LABEL_WIDTH + (value - low) / (high - low) * (WIDTH - LABEL_WIDTH - RIGHT)
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'viewBox="0 0 {WIDTH} {height}" role="img">',
-        f"<title>{escape(title)}</title>",
-        f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
-        f'<text x="10" y="20" {FONT} font-weight="bold">{escape(title)}</text>',
-        *legend(any(line.paper is not None for line in lines)),
-    ]
+    out = [*svg_head(title, height), *legend(any(line.paper is not None for line in lines))]
     bottom = TOP + ROW * len(lines)
     ticks = round((high - low) / step)
     for i in range(ticks + 1):
@@ -86,6 +79,18 @@ def dot_plot(title: str, metric: str, lines: list[Line]) -> str:
         out += row_marks(line, TOP + ROW * i + ROW / 2, x)
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def svg_head(title: str, height: int) -> list[str]:
+    """A figure's opening: the SVG element ``WIDTH`` x ``height``, its title (also shown in
+    bold at the top left) and a white background."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img">',
+        f"<title>{escape(title)}</title>",
+        f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
+        f'<text x="10" y="20" {FONT} font-weight="bold">{escape(title)}</text>',
+    ]
 
 
 def legend(with_paper: bool = True) -> list[str]:
@@ -161,14 +166,7 @@ def curve_plot(
     def y(value: float) -> float:
         return TOP + (high - value) / (high - low) * PLOT_HEIGHT
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'viewBox="0 0 {WIDTH} {height}" role="img">',
-        f"<title>{escape(title)}</title>",
-        f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
-        f'<text x="10" y="20" {FONT} font-weight="bold">{escape(title)}</text>',
-        *curve_axes(ticks, x_label, metric, (low, high, step), x, y),
-    ]
+    out = [*svg_head(title, height), *curve_axes(ticks, x_label, metric, (low, high, step), x, y)]
     if baseline is not None:
         out += band(baseline, y, PLOT_LEFT, right)
     for lines, colour in zip(series.values(), SERIES):

@@ -236,6 +236,20 @@ with holding_out(Path(sys.argv[1])):
 """
 
 
+def hold_out(out: Path) -> subprocess.Popen:
+    """A process that holds ``out``'s run lock (as a running command does) until its stdin
+    closes; returned once it holds it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_a_folder_whose_run_goes_on_is_refused_whatever_the_flags(tmp_path):
     """Another command's run in --out (its lock held): ssfl run, reproduce and sweep refuse it
     in one line naming its pid, with --resume and --overwrite too; once it ends, the folder
@@ -245,15 +259,8 @@ def test_a_folder_whose_run_goes_on_is_refused_whatever_the_flags(tmp_path):
     from tasks.config import ConfigError
 
     out = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(out)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    holder = hold_out(out)
     try:
-        assert holder.stdout.readline().strip() == "held"
         assert running_pid(out) == holder.pid
         line = re.escape(f"{out} holds a run that is going on (pid {holder.pid}); wait for it")
         for resume, overwrite in ((False, False), (True, False), (False, True)):
@@ -292,15 +299,8 @@ def test_a_run_refused_by_a_held_folder_still_closes_the_superlink_it_was_given(
     out = tmp_path / "run"
     closed: list[Path] = []
     link = SimpleNamespace(close=closed.append)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(out)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    holder = hold_out(out)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match="holds a run that is going on"):
             runner.run_simulation(settings_of_fedseal(), out, link=link)
     finally:
