@@ -45,7 +45,21 @@ def prepare(args: argparse.Namespace) -> tuple[Settings, Path]:
         f"{settings.rounds} rounds{resumed} -> {out}",
         file=sys.stderr,
     )
+    if line := solved_noise_line(settings):
+        print(line, file=sys.stderr)
     return settings, out
+
+
+def solved_noise_line(settings: Settings) -> str:
+    """The noise multiplier privacy.target_epsilon was solved into, or '' when none was."""
+    p = settings.privacy
+    if p.mode == "none" or p.target_epsilon <= 0:
+        return ""
+    return (
+        f"ssfl: privacy.noise_multiplier {p.noise_multiplier:g}, solved for epsilon <= "
+        f"{p.target_epsilon:g} at delta {p.target_delta:g} after {settings.rounds} rounds "
+        f"({p.accountant} accountant)"
+    )
 
 
 def precheck(args: argparse.Namespace) -> None:

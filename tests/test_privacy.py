@@ -13,6 +13,7 @@ import pytest
 from flwr.app import MessageType, MetricRecord, RecordDict
 from flwr.supercore.differential_privacy import compute_adaptive_noise_params
 
+from ssfl.cli import solved_noise_line
 from ssfl.experiment import resolve_config
 from ssfl.progress import progress_line
 from ssfl.records import record_arrays, to_record
@@ -201,6 +202,20 @@ def test_target_epsilon_sets_the_resolved_configs_noise_multiplier():
     assert epsilon(z, 0.2, 20, 1e-5) <= 4.0
     assert cfg["privacy"]["target_epsilon"] == 4.0
     assert resolve_config(cfg) == cfg  # resolving the resolved config changes nothing
+
+
+def test_ssfl_run_says_which_noise_multiplier_a_target_epsilon_gave():
+    raw = {**tiny_raw("fedseal"), "rounds": 20}
+    raw["split"] = {**raw["split"], "num_clients": 10}
+    raw["privacy"] = {"mode": "server_fixed", "target_epsilon": 4.0}
+    settings = settings_of(resolve_config(raw))
+    z = settings.privacy.noise_multiplier
+    assert solved_noise_line(settings) == (
+        f"ssfl: privacy.noise_multiplier {z:g}, solved for epsilon <= 4 at delta 1e-05 after "
+        "20 rounds (rdp accountant)"
+    )
+    raw["privacy"] = {"mode": "server_fixed", "noise_multiplier": 1.0}
+    assert solved_noise_line(settings_of(resolve_config(raw))) == ""
 
 
 def test_a_resolved_configs_noise_multiplier_is_checked_not_solved_again(monkeypatch):
