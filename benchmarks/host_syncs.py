@@ -18,7 +18,10 @@ tasks.augment.AUGMENT_GROUP a call; the metrics) is spread over the round's step
 longer round or a larger batch changes the per-step figure.
 
     python benchmarks/host_syncs.py --json results/host-syncs.json [--methods a,b] \
-        [--engine kornia|batched]
+        [--engine batched|kornia|auto]
+
+By default the augmentation is the batched engine, which ``augment.engine: auto`` runs on an
+accelerator (on this CPU run ``auto`` would pick kornia).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from client_app import app as client_app  # noqa: E402
 from ssfl.registry import METHODS  # noqa: E402
 from strategies.loop import RoundLoop  # noqa: E402
+from tasks.augment import concrete_engine  # noqa: E402
 from tasks.results import host  # noqa: E402
 from tasks.settings import AugmentSettings, choices_of  # noqa: E402
 from tasks.syncs import SyncCounter  # noqa: E402
@@ -52,6 +56,7 @@ STEPS = 2  # local steps a round (tests/test_options.py: 32 images a client, 16 
 COUNTED_ROUND = 2
 COUNTED_PARTITION = 0
 TOP_OPS = 3  # ops named on a table line
+ACCELERATOR_ENGINE = concrete_engine("auto", "cuda")  # what a GPU run augments with
 
 
 def experiment(name: str, engine: str | None = None) -> dict[str, Any]:
@@ -60,7 +65,7 @@ def experiment(name: str, engine: str | None = None) -> dict[str, Any]:
     normalisation layers: with BatchNorm its bootstrap learns nothing in 20 epochs), its
     per-method settings (FedoSSL's calibration from round 1), ``STEPS`` local steps a round
     (client.local_steps where the client half honours it, else one epoch of that many
-    batches); ``engine``: augment.engine (None: its default)."""
+    batches); ``engine``: augment.engine (None: the config's)."""
     raw = {**raw_for(name), "rounds": COUNTED_ROUND, "device": "cpu"}
     if engine is not None:
         raw["augment"] = {**raw.get("augment", {}), "engine": engine}
@@ -205,7 +210,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--engine",
         choices=choices_of(AugmentSettings)["engine"],
-        help="augment.engine of every run (default: the config's default)",
+        default=ACCELERATOR_ENGINE,
+        help=f"augment.engine of every run (default: {ACCELERATOR_ENGINE}, what `auto` runs "
+        "on an accelerator, where a sync costs)",
     )
     args = parser.parse_args(argv)
     if args.methods is None:
@@ -236,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "methods": results,
             "counted": {"round": COUNTED_ROUND, "partition": COUNTED_PARTITION},
-            "engine": args.engine or AugmentSettings().engine,
+            "engine": args.engine,
             "host": host(),
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from torch import nn
 from ssfl.records import record_arrays
 from ssfl.registry import settings_of
 from tasks.attack import MODEL_ATTACKS, poisoned
-from tasks.augment import strong_augment, weak_augment
+from tasks.augment import concrete_engine, strong_augment, weak_augment
 from tasks.data import dataset_info, load_image_folder
 from tasks.models import model_for
 from tasks.partition import split_key, split_of_key, stream_slice, stream_step
@@ -331,6 +331,10 @@ class ClientHalf(ABC):
             return self.lr
         return scheduled_lr(s.client, s.lr_schedule, s.rounds, self.round, step, round_steps)
 
+    def engine(self) -> str:
+        """The augmentation engine this half runs (``augment.engine`` on its device)."""
+        return concrete_engine(self.settings.augment.engine, self.device)
+
     def weak_view(self) -> nn.Module:
         """The weak view alone (flip + shift)."""
         d = self.data
@@ -339,7 +343,7 @@ class ClientHalf(ABC):
             d.flip,
             self.settings.augment.weak_shift,
             str(self.device),
-            self.settings.augment.engine,
+            self.engine(),
         )
 
     def augmenters(self) -> tuple[nn.Module, nn.Module]:
@@ -354,7 +358,7 @@ class ClientHalf(ABC):
             algo.randaugment_m,
             self.settings.augment.weak_shift,
             str(self.device),
-            self.settings.augment.engine,
+            self.engine(),
         )
 
     def num_examples(self) -> int:

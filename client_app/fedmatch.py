@@ -220,7 +220,7 @@ class FedMatchClient(ClientHalf):
         steps = 0
         model.train()
         algo = self.algo
-        view = strong_view(algo, d.channels, str(self.device), self.settings.augment.engine)
+        view = strong_view(algo, d.channels, str(self.device), self.engine())
         batches = (
             idx.to(d.x.device)
             for _ in range(ccfg.epochs)

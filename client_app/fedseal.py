@@ -114,7 +114,7 @@ class FedSEALClient(ClientHalf):
                 algo.randaugment_m,
                 self.data.channels,
                 str(self.device),
-                self.settings.augment.engine,
+                self.engine(),
             )
         return self.augmenters()[1]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One check of a GPU box in minutes: writes one JSON (default gpu-check.json).
 #   bash scripts/gpu-check.sh [FILE | --json FILE] [--cpu] [--methods a,b] [--budget SECONDS]
-#     [--steps a,b] [--execution per_client|cohort] [--engine kornia|batched]
+#     [--steps a,b] [--execution per_client|cohort] [--engine auto|kornia|batched]
 #     [--partial-sums] [--keep DIR]
 # Uses ${PYTHON:-python3} as it is: no venv, nothing installed. The repo need not be
 # pip-installed (its root goes on PYTHONPATH); Flower's executables are found on PATH.

@@ -350,10 +350,22 @@ def config_differences(recorded: Mapping[str, Any], settings: Settings) -> list[
     def comparable(c: Mapping[str, Any]) -> dict[str, Any]:
         flat = flatten(json.loads(json.dumps(c)))
         unused = COHORT_KEYS if flat.get("simulation.execution") != "cohort" else ()
+        flat["augment.engine"] = engine_in_effect(flat["augment.engine"], flat["device"])
         return {k: v for k, v in flat.items() if k not in EXECUTION_KEYS + unused}
 
     old, new = comparable(recorded), comparable(mapping(settings))
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def engine_in_effect(engine: str, device: str) -> str:
+    """The augmentation engine a run of this config augments with on this machine: ``auto``
+    resolved (kornia without a GPU), so that a run recorded with ``kornia``, the default
+    before ``auto``, is the same config as ``auto`` on a CPU."""
+    from ssfl.gpu import gpu_count
+    from tasks.augment import concrete_engine
+
+    on_gpu = device == "cuda" or (device == "auto" and gpu_count() > 0)
+    return concrete_engine(engine, "cuda" if on_gpu else "cpu")
 
 
 def check_resumable(out: Path, settings: Settings) -> int:

@@ -35,7 +35,7 @@ from ssfl.records import record_arrays, to_record
 from strategies.loop import ServerHalf
 from strategies.parts import DenseCodec, Evaluator, Metrics, NoTrainer, Parts, ServerSide, Update
 from tasks.aggregate import weighted_average
-from tasks.augment import strong_augment
+from tasks.augment import concrete_engine, strong_augment
 from tasks.config import ConfigError
 from tasks.data import dataset_info
 from tasks.models import classifier_keys, head_of, model_for
@@ -166,7 +166,7 @@ class SimCLRStart(NoTrainer):
         s, settings = self.server, self.server.settings
         algo, ds = settings.algo, s.dataset
         augment = strong_augment(
-            settings.augment.engine,
+            concrete_engine(settings.augment.engine, s.device),
             ds.image_size,
             ds.flip,
             ds.channels,

@@ -55,7 +55,7 @@ from tasks.aggregate import (
     weight_diversity,
     weighted_average,
 )
-from tasks.augment import weak_augment
+from tasks.augment import concrete_engine, weak_augment
 from tasks.data import Dataset
 from tasks.models import classifier_keys, model_for
 from tasks.partition import Split
@@ -139,7 +139,8 @@ class ServerSide:
     def weak_augment(self) -> nn.Module:
         """The weak view of the server's labeled batches (flip + shift; augment.engine's)."""
         ds, augment = self.dataset, self.settings.augment
-        view = weak_augment(augment.engine, ds.image_size, ds.flip, augment.weak_shift)
+        engine = concrete_engine(augment.engine, self.device)
+        view = weak_augment(engine, ds.image_size, ds.flip, augment.weak_shift)
         return view.to(self.device)
 
 

@@ -157,9 +157,19 @@ class StrongAugment(nn.Module):
         return self.cutout(self.randaugment(self.weak(x)))
 
 
+def concrete_engine(engine: str, device: str | torch.device) -> str:
+    """``augment.engine`` on ``device``: ``auto`` is ``batched`` on an accelerator (no host
+    syncs) and ``kornia`` on the CPU (the views every committed CPU table was made with);
+    ``kornia`` and ``batched`` are kept as named."""
+    if engine != "auto":
+        return engine
+    return "kornia" if torch.device(device).type == "cpu" else "batched"
+
+
 def engine_class(engine: str, name: str) -> type[nn.Module]:
     """``augment.engine``'s module ``name`` (``weak``, ``strong``, ``randaugment``,
-    ``official``): this module's kornia one, or tasks.augment_batched's."""
+    ``official``): this module's kornia one, or tasks.augment_batched's (``auto`` is
+    resolved first, by :func:`concrete_engine`)."""
     from tasks import augment_batched as batched
 
     kornia = {
@@ -168,14 +178,16 @@ def engine_class(engine: str, name: str) -> type[nn.Module]:
         "randaugment": RandAugment,
         "official": OfficialRandAugment,
     }
-    if engine != "batched":
-        return kornia[name]
-    return {
-        "weak": batched.BatchedWeakAugment,
-        "strong": batched.BatchedStrongAugment,
-        "randaugment": batched.BatchedRandAugment,
-        "official": batched.BatchedOfficialRandAugment,
-    }[name]
+    engines = {
+        "kornia": kornia,
+        "batched": {
+            "weak": batched.BatchedWeakAugment,
+            "strong": batched.BatchedStrongAugment,
+            "randaugment": batched.BatchedRandAugment,
+            "official": batched.BatchedOfficialRandAugment,
+        },
+    }
+    return engines[engine][name]
 
 
 def weak_augment(engine: str, image_size: int, flip: bool, shift: float) -> nn.Module:

@@ -658,11 +658,13 @@ class AugmentSettings:
         rule=between(0, 0.5),
     )
     engine: str = setting(
-        "kornia",
-        "augmentation code: `kornia` (tasks/augment.py, kornia ops on each op's samples) or "
+        "auto",
+        "augmentation code: `kornia` (tasks/augment.py, kornia ops on each op's samples), "
         "`batched` (tasks/augment_batched.py: the same ops, drawn otherwise; no device-to-host "
-        "syncs on an accelerator, each op on its own samples on the CPU, the same values)",
-        choices=("kornia", "batched"),
+        "syncs on an accelerator, each op on its own samples on the CPU, the same values), or "
+        "`auto`: `batched` where the half trains on an accelerator, `kornia` on the CPU (whose "
+        "views every committed table was made with; the two tie on fmnist-las)",
+        choices=("auto", "kornia", "batched"),
     )
 
 

@@ -4,6 +4,8 @@ choice, the draws, and no device-to-host sync in any forward."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import kornia
 import pytest
 import torch
@@ -11,13 +13,15 @@ from kornia import augmentation as K
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from client_app import fedseal
-from client_app.base import augmenters, weak_augmenter
+from client_app.base import ClientHalf, augmenters, weak_augmenter
 from client_app.fedmatch import FedMatchSettings, strong_view
 from ssfl.experiment import resolve_config
+from strategies.parts import ServerSide
 from tasks import augment
 from tasks import augment_batched as B
 from tasks.augment import OfficialRandAugment, RandAugment, WeakAugment, randaugment_ops
 from tasks.config import ConfigError
+from tasks.settings import AugmentSettings
 from tasks.syncs import SyncCounter
 from tests.harness import InProcessGrid, run_method, tiny_raw
 
@@ -420,12 +424,45 @@ def test_the_sync_counter_catches_the_kornia_engine():
 
 # ----- The config and the client's modules --------------------------------------------------
 def test_the_engine_is_a_config_key():
-    assert resolve_config({"method": "fedavg_fixmatch"})["augment"]["engine"] == "kornia"
+    assert resolve_config({"method": "fedavg_fixmatch"})["augment"]["engine"] == "auto"
     raw = {"method": "fedavg_fixmatch", "augment": {"engine": "batched"}}
     assert resolve_config(raw)["augment"]["engine"] == "batched"
     with pytest.raises(ConfigError, match=r"'augment.engine': 'fast' is not one of") as err:
         resolve_config({"method": "fedavg_fixmatch", "augment": {"engine": "fast"}})
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "engine, device, runs",
+    [
+        ("auto", "cpu", "kornia"),
+        ("auto", "cuda", "batched"),
+        ("auto", torch.device("cuda", 0), "batched"),
+        ("auto", "mps", "batched"),
+        ("kornia", "cuda", "kornia"),
+        ("batched", "cpu", "batched"),
+    ],
+)
+def test_auto_is_the_batched_engine_on_an_accelerator_and_kornia_on_the_cpu(engine, device, runs):
+    assert augment.concrete_engine(engine, device) == runs
+
+
+def test_auto_must_be_resolved_before_a_module_is_picked():
+    with pytest.raises(KeyError):
+        augment.engine_class("auto", "weak")
+
+
+def test_each_half_picks_its_engine_by_its_own_device():
+    settings = SimpleNamespace(augment=AugmentSettings())  # engine auto
+    on = {
+        kind: SimpleNamespace(settings=settings, device=torch.device(kind))
+        for kind in ("cpu", "meta")
+    }
+    assert ClientHalf.engine(on["cpu"]) == "kornia" and ClientHalf.engine(on["meta"]) == "batched"
+    dataset = SimpleNamespace(image_size=28, flip=True)
+    server = {kind: SimpleNamespace(dataset=dataset, **vars(half)) for kind, half in on.items()}
+    assert isinstance(ServerSide.weak_augment(server["cpu"]), WeakAugment)
+    assert isinstance(ServerSide.weak_augment(server["meta"]), B.BatchedWeakAugment)
 
 
 def test_the_client_builds_the_engines_modules():

@@ -125,6 +125,8 @@ def test_the_script_writes_syncs_per_step_ops_and_the_host_and_a_line_per_method
         assert sum(1 for line in out.splitlines() if line.startswith(f"{name} ")) == 1
     fixmatch = data["methods"]["fedavg_fixmatch"]
     assert fixmatch["part"] == "client" and fixmatch["steps_from"] == "local_steps"
+    # By default the engine a GPU's `auto` runs: no sync inside the steps, the loss read once.
+    assert data["engine"] == "batched" and fixmatch["syncs_per_step"] <= 0.5
     assert data["methods"]["server_sl"]["part"] == "server"
 
 

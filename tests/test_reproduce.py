@@ -94,6 +94,28 @@ def test_same_config_ignores_where_a_run_executes_not_what_it_computes():
     assert not same_config(moved, settings_of(cfg))
 
 
+@pytest.mark.parametrize("gpus, same", [(0, True), (1, False)])
+def test_a_run_recorded_with_kornia_is_the_auto_config_where_auto_runs_kornia(
+    monkeypatch, gpus, same
+):
+    """Runs made when kornia was the default are reused and resumed by today's `auto` config
+    on a machine without a GPU (where auto runs kornia), not where auto runs batched."""
+    from ssfl.experiment import same_config
+
+    monkeypatch.setattr("ssfl.gpu.gpu_count", lambda: gpus)
+    cfg = resolve_experiment("experiments/fmnist-las/fedseal.yaml", None, None, [])
+    assert cfg["augment"]["engine"] == "auto" and cfg["device"] == "auto"
+    older = json.loads(json.dumps(cfg))
+    older["augment"]["engine"] = "kornia"
+    assert same_config(older, settings_of(cfg)) is same
+    older["augment"]["engine"] = "batched"
+    assert same_config(older, settings_of(cfg)) is not same
+    on_cpu = resolve_experiment("experiments/fmnist-las/fedseal.yaml", None, None, ["device=cpu"])
+    older["device"] = "cpu"
+    older["augment"]["engine"] = "kornia"
+    assert same_config(older, settings_of(on_cpu))
+
+
 def test_cohort_only_keys_compare_only_in_cohort_runs():
     """A per-client run made when partial sums were on by default is the same config; a
     cohort run with them on is not (its sums round otherwise)."""
