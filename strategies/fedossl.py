@@ -126,6 +126,7 @@ class SimCLRStart(NoTrainer):
     def key(self) -> dict[str, Any]:
         """Every input of the stage (tasks.pretrain.cached_pretrain keeps its result)."""
         s = self.server.settings
+        engine = self.engine()
         return {
             "dataset": mapping(s.dataset),
             "split": mapping(s.split),
@@ -136,7 +137,13 @@ class SimCLRStart(NoTrainer):
             "device": self.server.device.type,
             # Only when on, so that the float32 stages kept before amp existed stay valid.
             **({"amp": s.train.amp} if s.train.amp != "off" else {}),
+            # Only when not kornia's, so that the stages kept before the engines stay valid.
+            **({"engine": engine} if engine != "kornia" else {}),
         }
+
+    def engine(self) -> str:
+        """The augmentation engine of the stage's views (``augment.engine`` on its device)."""
+        return concrete_engine(self.server.settings.augment.engine, self.server.device)
 
     def bootstrap(self) -> None:
         s = self.server
@@ -166,7 +173,7 @@ class SimCLRStart(NoTrainer):
         s, settings = self.server, self.server.settings
         algo, ds = settings.algo, s.dataset
         augment = strong_augment(
-            concrete_engine(settings.augment.engine, s.device),
+            self.engine(),
             ds.image_size,
             ds.flip,
             ds.channels,

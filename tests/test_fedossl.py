@@ -190,6 +190,18 @@ def test_a_simclr_start_is_recorded_and_the_second_stage_trains_only_the_last_bl
     assert "pretrain_loss" not in run()[0][0]  # from scratch by default
 
 
+def test_the_simclr_starts_cache_key_names_the_engine_of_its_views():
+    """A start drawn with the batched engine is not one drawn with kornia's (whose key, as
+    before the engines, names none)."""
+    keys = {}
+    for engine in ("auto", "kornia", "batched"):
+        raw = deep_merge(BASE, {"augment": {"engine": engine}, "algo": PRETRAIN})
+        strategy = build_strategy(raw, lambda row: None)
+        keys[engine] = strategy.parts.trainer.key()
+    assert keys["auto"] == keys["kornia"] and "engine" not in keys["kornia"]  # auto on the CPU
+    assert keys["batched"] == {**keys["kornia"], "engine": "batched"}
+
+
 @pytest.mark.parametrize(
     "changes, key",
     [
