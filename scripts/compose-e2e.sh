@@ -391,19 +391,6 @@ recreate_edge() {
   (cd "$WORK/edge" && COMPOSE_PROJECT_NAME=$EDGE_PROJECT bash -euo pipefail -c "$start" 2>&1 |
     grep -v '^Creating\|^Starting' || true)
 }
-# Wait until no ClientApp of a stopped run is still at work on the server machine's SuperNode
-# (flwr stop ends the run at the SuperLink; its ClientApp there may still finish a client's
-# training): a new run's query reaching that SuperExec meanwhile was seen to go unanswered.
-clientapps_ended() {
-  local deadline=$((SECONDS + 120)) ids
-  ids=$(docker ps -q --filter "label=com.docker.compose.project=$SERVER_PROJECT" \
-    --filter "label=com.docker.compose.service=superexec-clientapp-0")
-  [ -n "$ids" ] || die "no superexec-clientapp-0 container in $SERVER_PROJECT"
-  while docker top "$ids" -o pid,args | grep -v defunct | grep -q flwr-clientapp; do
-    [ $SECONDS -lt $deadline ] || die "the stopped run's ClientApp still runs after 120 s"
-    sleep 1
-  done
-}
 seal_resumed() {
   local output run_id deadline sim
   seal_simulation &
@@ -421,7 +408,6 @@ seal_resumed() {
   done
   say "FedSEAL stopped after round $(grep -c '"round"' "$SSFL_RUNS/seal/metrics.jsonl"); edge containers re-created"
   recreate_edge
-  clientapps_ended
   nodes_online >/dev/null
   submit seal "$SEAL_SETS" "$SEAL_EXP" resume=true
   wait "$sim" || exit 1
