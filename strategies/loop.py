@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ssfl import cohort
 from ssfl.gpu import cohort_workers, gpu_count
-from strategies.messaging import ClientReply, exchange, failure_cause, one_line
+from strategies.messaging import ClientReply, ask_each, exchange, failure_cause, one_line
 from strategies.parts import (
     FedAvg,
     Metrics,
@@ -467,7 +467,8 @@ class RoundLoop(Strategy):
         return self.node_partitions.get(node_id, -1)
 
     def discover(self, grid: Grid, timeout: float) -> dict[int, int]:
-        """Ask every node for its partition id (a QUERY round); wait for enough nodes. Nodes
+        """Ask every node for its partition id (a QUERY round; a node that does not answer
+        is asked again, see ``ask_each``); wait for enough nodes. Nodes
         that report training on their own folder go to ``own_data``."""
         wanted = self.settings.federation.min_clients or self.settings.split.num_clients
         if self.cohort:
@@ -480,14 +481,19 @@ class RoundLoop(Strategy):
                     f"{wanted} needed (federation.min_clients, 0 = split.num_clients)"
                 )
             time.sleep(0.1)
+
         # The query carries nothing: a node answers from its own node config, so the
         # discovery of N nodes costs N empty messages, not N copies of the config.
-        messages = [
-            Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=nid)
-            for nid in sorted(grid.get_node_ids())
-        ]
+        def query(nid: int) -> Message:
+            return Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=nid)
+
+        queried = sorted(grid.get_node_ids())
+        replies = ask_each(grid, queried, query, timeout)
+        silent = sorted(set(queried) - {reply.metadata.src_node_id for reply in replies})
+        if silent:
+            log.warning("nodes %s did not answer the discovery query in %g s", silent, timeout)
         nodes: dict[int, int] = {}
-        for reply in exchange(grid, messages, timeout)[0]:
+        for reply in replies:
             if reply.has_error():
                 log.warning(
                     "node %s did not answer the discovery query: %s",

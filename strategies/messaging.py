@@ -3,6 +3,7 @@ pulling their replies, and turning a failed client's relayed traceback into one 
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ REPLY_POLL_MIN_S = 0.01
 REPLY_POLL_MAX_S = 0.25
 
 T = TypeVar("T")
+log = logging.getLogger("flwr.ssfl")  # as the round loop's: streamed with the run
 
 
 def exchange(
@@ -64,6 +66,64 @@ def exchange(
         pause = min(max(waited * REPLY_POLL_SHARE, REPLY_POLL_MIN_S), REPLY_POLL_MAX_S)
         time.sleep(min(pause, timeout - waited))
     return replies, done
+
+
+# A node whose answer to a query has not come this many seconds after the query is asked
+# again (the wait doubling each time): a query lost on its way, or a ClientApp that died
+# before replying, costs a minute, not the whole round timeout.
+QUERY_RETRY_S = 60.0
+
+
+def ask_each(
+    grid: Grid,
+    nodes: list[int],
+    query: Callable[[int], Message],
+    timeout: float,
+    retry_after: float | None = None,
+) -> list[Message]:
+    """Send ``query(node)`` to each node and pull until every node answered or ``timeout``
+    seconds passed; a node not answered ``retry_after`` seconds (default QUERY_RETRY_S)
+    after the first query is asked again, then after twice that, and so on, its earlier
+    queries still pulled. For idempotent messages only (a node may answer twice): the first
+    reply per node is kept, in the order of ``nodes``. A grid that is not Flower's (the
+    tests' in-process one) is asked once."""
+    if not isinstance(grid, Grid):
+        return list(grid.send_and_receive([query(n) for n in nodes], timeout=timeout))
+    asked: dict[str, int] = {}
+
+    def ask(targets: list[int]) -> None:
+        queries = [query(n) for n in targets]
+        pushed = set(grid.push_messages(queries))  # a message it could not push is left out
+        asked.update(
+            {
+                q.metadata.message_id: n
+                for q, n in zip(queries, targets)
+                if q.metadata.message_id in pushed
+            }
+        )
+
+    ask(nodes)
+    started = time.monotonic()
+    wait = QUERY_RETRY_S if retry_after is None else retry_after
+    ask_again = started + wait
+    answers: dict[int, Message] = {}
+    while asked:
+        for reply in grid.pull_messages(list(asked)):
+            answers.setdefault(asked.pop(reply.metadata.reply_to_message_id), reply)
+        asked = {mid: node for mid, node in asked.items() if node not in answers}
+        now = time.monotonic()
+        waited = now - started
+        if not asked or waited >= timeout:
+            break
+        if now >= ask_again:
+            silent = sorted(set(asked.values()))
+            log.warning("no answer after %.1f s from nodes %s: asking them again", waited, silent)
+            ask(silent)
+            wait *= 2
+            ask_again = now + wait
+        pause = min(max(waited * REPLY_POLL_SHARE, REPLY_POLL_MIN_S), REPLY_POLL_MAX_S)
+        time.sleep(min(pause, timeout - waited, max(ask_again - now, 0.0)))
+    return [answers[n] for n in nodes if n in answers]
 
 
 # A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".

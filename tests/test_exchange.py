@@ -8,14 +8,16 @@ from collections.abc import Iterable
 
 import pytest
 import torch
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import InMemoryGrid
 
+import strategies.messaging
 from strategies.loop import is_simulation_grid, threads_beside_clients
-from strategies.messaging import REPLY_POLL_MAX_S, exchange
+from strategies.messaging import REPLY_POLL_MAX_S, ask_each, exchange
 from tasks.train import torch_threads
+from tests.harness import build_strategy, tiny_raw
 
 
 class DelayedGrid(Grid):
@@ -149,3 +151,85 @@ def test_torch_threads_sets_the_count_for_the_block_and_restores_it():
     assert torch.get_num_threads() == before
     with torch_threads(None):
         assert torch.get_num_threads() == before
+
+
+class LossyGrid(DelayedGrid):
+    """Node ``i``'s k-th query is answered ``answers[i][k]`` seconds after its push (None:
+    lost, never answered; past the list: as its last entry), with its partition id."""
+
+    def __init__(self, answers: list[list[float | None]]):
+        super().__init__([a[0] for a in answers])
+        self.answers = answers
+        self.pushed: list[int] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        now, ids = time.monotonic(), []
+        for msg in messages:
+            nid = msg.metadata.dst_node_id
+            asked = self.answers[nid]
+            delay = asked[min(self.pushed.count(nid), len(asked) - 1)]
+            mid = f"q{len(self.pushed)}"
+            self.pushed.append(nid)
+            msg.metadata.__dict__["_message_id"] = mid
+            if delay is not None:
+                metrics = MetricRecord({"partition-id": nid})
+                reply = Message(RecordDict({"metrics": metrics}), reply_to=msg)
+                self.ready_at[mid] = (now + delay, reply)
+            ids.append(mid)
+        return ids
+
+
+def query(nid: int) -> Message:
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    return Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=nid)
+
+
+def test_a_node_whose_query_was_lost_is_asked_again_and_its_answer_kept():
+    grid = LossyGrid([[0.0], [None, 0.05], [0.0]])
+    started = time.monotonic()
+    replies = ask_each(grid, [0, 1, 2], query, timeout=30, retry_after=0.2)
+    waited = time.monotonic() - started
+    assert [r.metadata.src_node_id for r in replies] == [0, 1, 2]
+    assert [r.metadata.reply_to_message_id for r in replies] == ["q0", "q3", "q2"]
+    assert grid.pushed == [0, 1, 2, 1]  # only the silent node was asked again
+    assert 0.25 <= waited < 0.25 + 0.1  # not the 30 s timeout
+
+
+def test_a_slow_first_answer_still_counts_and_each_node_answers_once():
+    """Node 1 answers its first query after the second was sent: that answer is taken and
+    the second query's is not waited for."""
+    grid = LossyGrid([[0.0], [0.3, 5.0]])
+    started = time.monotonic()
+    replies = ask_each(grid, [0, 1], query, timeout=30, retry_after=0.2)
+    waited = time.monotonic() - started
+    assert [r.metadata.reply_to_message_id for r in replies] == ["q0", "q1"]
+    assert grid.pushed == [0, 1, 1]
+    assert 0.3 <= waited < 0.3 + 0.1
+
+
+def test_a_node_that_never_answers_is_asked_at_doubling_waits_until_the_timeout():
+    grid = LossyGrid([[0.0], [None]])
+    started = time.monotonic()
+    replies = ask_each(grid, [0, 1], query, timeout=1.0, retry_after=0.1)
+    waited = time.monotonic() - started
+    assert [r.metadata.src_node_id for r in replies] == [0]
+    assert grid.pushed == [0, 1, 1, 1, 1]  # asked at 0, then 0.1, 0.3 and 0.7 s
+    assert 1.0 <= waited < 1.0 + REPLY_POLL_MAX_S
+
+
+def test_the_discovery_asks_a_silent_node_again_and_names_one_that_never_answers(
+    monkeypatch, caplog
+):
+    loop = build_strategy(tiny_raw("fedavg_sl"))
+    monkeypatch.setattr(strategies.messaging, "QUERY_RETRY_S", 0.1)
+    with caplog.at_level("WARNING", logger="flwr.ssfl"):
+        assert loop.discover(LossyGrid([[0.0], [None, 0.0], [0.0]]), timeout=30) == {
+            0: 0,
+            1: 1,
+            2: 2,
+        }
+    assert "no answer after 0.1 s from nodes [1]: asking them again" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flwr.ssfl"):
+        assert loop.discover(LossyGrid([[0.0], [None], [0.0]]), timeout=0.5) == {0: 0, 2: 2}
+    assert "nodes [1] did not answer the discovery query in 0.5 s" in caplog.text
