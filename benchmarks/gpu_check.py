@@ -157,6 +157,16 @@ def one_line(text: str, limit: int = 300) -> str:
     return (lines[-1] if lines else "no output")[:limit]
 
 
+def failure_lines(stderr: str, limit: int = 1000) -> str:
+    """A failed ``ssfl`` command's reasons: its ``ssfl...failed: ...`` lines joined (a
+    sweep's last line only names the failed cells, their errors come before it), else its
+    last line."""
+    failed = [
+        ln.strip() for ln in stderr.splitlines() if ln.startswith("ssfl") and " failed: " in ln
+    ]
+    return " | ".join(failed)[:limit] if failed else one_line(stderr, limit)
+
+
 # ----- GPU utilisation -----------------------------------------------------------------
 class UtilSampler:
     """Samples GPU utilisation (%) and memory in use (MiB) every ``period`` seconds with
@@ -302,7 +312,7 @@ def ssfl_cli(args: list[str], sets: tuple[str, ...], timeout: float) -> dict[str
         return {"status": "timeout", "seconds": round(time.perf_counter() - started, 1)}
     seconds = round(time.perf_counter() - started, 1)
     if proc.returncode != 0:
-        return {"status": "failed", "seconds": seconds, "error": one_line(proc.stderr)}
+        return {"status": "failed", "seconds": seconds, "error": failure_lines(proc.stderr)}
     return {"status": "ok", "seconds": seconds}
 
 
@@ -508,8 +518,12 @@ def cells_at_once(ctx: Context) -> dict[str, Any]:
             result = ssfl_sweep(exp, cells, jobs, out, left, ctx.round_sets())
         runs[f"jobs_{jobs}"] = {**result, **sampler.summary()}
         log(f"  {cells} cells, --jobs {jobs}: {result['status']} in {result['seconds']}s")
-    if any(run["status"] != "ok" for run in runs.values()):
-        raise RuntimeError(f"a sweep did not complete: {runs}")
+    failed = {name: run for name, run in runs.items() if run["status"] != "ok"}
+    if failed:
+        reasons = "; ".join(
+            f"{name} {run['status']}: {run.get('error', '')}" for name, run in failed.items()
+        )
+        raise RuntimeError(f"a sweep did not complete: {reasons}")
     one, apart = runs["jobs_1"], runs[f"jobs_{cells}"]
     if one["final_test_accuracies"] != apart["final_test_accuracies"]:
         ctx.problems.append("cells at once gave other numbers than one after another")
@@ -563,7 +577,7 @@ def run_step(name: str, fn: Callable[[Context], dict[str, Any]], ctx: Context) -
     try:
         out = {"status": "ok", **fn(ctx)}
     except Exception as err:
-        out = {"status": "failed", "error": one_line(f"{type(err).__name__}: {err}")}
+        out = {"status": "failed", "error": one_line(f"{type(err).__name__}: {err}", 1000)}
     out["seconds"] = round(time.perf_counter() - started, 1)
     log(f"{name}: {out['status']} in {out['seconds']}s{summary_of(name, out)}")
     return out

@@ -177,6 +177,24 @@ def test_a_bad_step_or_method_is_one_line_and_exit_2(args, capsys):
     assert len(err) == 1 and err[0].startswith("gpu-check: error: ")
 
 
+def test_a_failed_commands_error_keeps_each_cells_reason_not_only_the_last_line():
+    """A sweep's last line only names its failed cells; their reasons come before it."""
+    from benchmarks.gpu_check import failure_lines
+
+    stderr = (
+        "ssfl sweep: seed=0 -> out/seed=0\n"
+        "ssfl sweep: seed=1 failed: RuntimeError: Ray did not start\n"
+        "Traceback (most recent call last):\n"
+        "ssfl: sweep failed: 1 cell(s) failed: seed=1 (their errors are above)\n"
+    )
+    assert failure_lines(stderr) == (
+        "ssfl sweep: seed=1 failed: RuntimeError: Ray did not start | "
+        "ssfl: sweep failed: 1 cell(s) failed: seed=1 (their errors are above)"
+    )
+    assert failure_lines("setup\nValueError: bad\n") == "ValueError: bad"
+    assert failure_lines("") == "no output"
+
+
 @pytest.mark.parametrize(
     ("client", "bare"), [(3.06, 3.1), (0.4123, 0.4), (812.37, 1024.9), (12345.6, 12000.0)]
 )
