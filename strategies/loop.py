@@ -489,23 +489,21 @@ class RoundLoop(Strategy):
 
         queried = sorted(grid.get_node_ids())
         replies = ask_each(grid, queried, query, timeout)
-        silent = sorted(set(queried) - {reply.metadata.src_node_id for reply in replies})
+        silent = sorted(set(queried) - set(replies))
         if silent:
             log.warning("nodes %s did not answer the discovery query in %g s", silent, timeout)
         nodes: dict[int, int] = {}
-        for reply in replies:
+        for node, reply in sorted(replies.items()):
             if reply.has_error():
                 log.warning(
-                    "node %s did not answer the discovery query: %s",
-                    reply.metadata.src_node_id,
-                    reply.error.reason,
+                    "node %s did not answer the discovery query: %s", node, reply.error.reason
                 )
                 continue
             metrics = reply.content["metrics"]
             pid = int(metrics["partition-id"])
             if pid in nodes:
                 raise RuntimeError(f"two nodes report partition-id {pid}")
-            nodes[pid] = reply.metadata.src_node_id
+            nodes[pid] = node
             if metrics.get("own-data"):
                 self.own_data.add(pid)
             if not metrics.get("state-on-disk"):

@@ -80,15 +80,17 @@ def ask_each(
     query: Callable[[int], Message],
     timeout: float,
     retry_after: float | None = None,
-) -> list[Message]:
+) -> dict[int, Message]:
     """Send ``query(node)`` to each node and pull until every node answered or ``timeout``
     seconds passed; a node not answered ``retry_after`` seconds (default QUERY_RETRY_S)
     after the first query is asked again, then after twice that, and so on, its earlier
     queries still pulled. For idempotent messages only (a node may answer twice): the first
-    reply per node is kept, in the order of ``nodes``. A grid that is not Flower's (the
-    tests' in-process one) is asked once."""
+    reply per node is kept, by the node asked (an error reply may come from the SuperLink's
+    own node id). A grid that is not Flower's (the tests' in-process one) is asked once."""
     if not isinstance(grid, Grid):
-        return list(grid.send_and_receive([query(n) for n in nodes], timeout=timeout))
+        queries = [query(n) for n in nodes]
+        replies = grid.send_and_receive(queries, timeout=timeout)
+        return {reply.metadata.src_node_id: reply for reply in replies}
     asked: dict[str, int] = {}
 
     def ask(targets: list[int]) -> None:
@@ -123,7 +125,7 @@ def ask_each(
             ask_again = now + wait
         pause = min(max(waited * REPLY_POLL_SHARE, REPLY_POLL_MIN_S), REPLY_POLL_MAX_S)
         time.sleep(min(pause, timeout - waited, max(ask_again - now, 0.0)))
-    return [answers[n] for n in nodes if n in answers]
+    return answers
 
 
 # A traceback's exception line: "ValueError: bad lr", "flwr.x.ClientAppException: ...".
